@@ -1,0 +1,13 @@
+"""Plain `nn.Module`s: usable with or without Lightning."""
+
+from kindling.models.cnn import CNNClassifier
+from kindling.models.recurrent import GRUClassifier, LSTMClassifier, RNNClassifier
+from kindling.models.transformer import TransformerClassifier
+
+__all__ = [
+    "CNNClassifier",
+    "GRUClassifier",
+    "LSTMClassifier",
+    "RNNClassifier",
+    "TransformerClassifier",
+]

@@ -1,0 +1,64 @@
+"""Building blocks shared by the models."""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def image_to_sequence(images: torch.Tensor) -> torch.Tensor:
+    """Read a batch of images `(B, C, H, W)` as sequences `(B, H, C*W)`: one time step per row."""
+    batch, channels, height, width = images.shape
+    return images.permute(0, 2, 1, 3).reshape(batch, height, channels * width)
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention on `scaled_dot_product_attention` (flash / memory-efficient kernels)."""
+
+    def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0, causal: bool = False):
+        super().__init__()
+        if d_model % num_heads:
+            raise ValueError(f"d_model={d_model} must be divisible by num_heads={num_heads}")
+        self.num_heads = num_heads
+        self.causal = causal
+        self.dropout = dropout
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+        self.proj_dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, length, width = x.shape
+        # (B, L, 3, heads, head_dim) -> three tensors of (B, heads, L, head_dim)
+        q, k, v = self.qkv(x).view(batch, length, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(
+            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=self.causal
+        )
+        y = y.transpose(1, 2).reshape(batch, length, width)
+        return self.proj_dropout(self.proj(y))
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm Transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        mlp_ratio: float = 4.0,
+        dropout: float = 0.0,
+        causal: bool = False,
+    ):
+        super().__init__()
+        hidden = int(d_model * mlp_ratio)
+        self.attn_norm = nn.LayerNorm(d_model)
+        self.attn = SelfAttention(d_model, num_heads, dropout, causal)
+        self.mlp_norm = nn.LayerNorm(d_model)
+        self.mlp = nn.Sequential(
+            nn.Linear(d_model, hidden),
+            nn.GELU(),
+            nn.Linear(hidden, d_model),
+            nn.Dropout(dropout),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x))
+        return x + self.mlp(self.mlp_norm(x))

@@ -1,0 +1,117 @@
+"""Image classification around any net that maps `(B, C, H, W)` to logits `(B, num_classes)`."""
+
+from collections.abc import Callable
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torchmetrics import MaxMetric, MeanMetric
+from torchmetrics.classification import MulticlassAccuracy
+
+OptimizerFactory = Callable[..., torch.optim.Optimizer]
+SchedulerFactory = Callable[..., torch.optim.lr_scheduler.LRScheduler]
+
+
+class Classifier(L.LightningModule):
+    """Cross-entropy classification with accuracy for train / val / test.
+
+    Logs `train/loss`, `train/acc`, `val/loss`, `val/acc`, `val/acc_best`, `test/loss`, `test/acc`.
+    Losses and accuracies are torchmetrics objects: they accumulate on the device and Lightning
+    reduces them across processes once per epoch, so no step waits on a host-device sync.
+
+    Args:
+        net: the model; its output size sets the number of classes.
+        num_classes: number of classes (for the accuracy metrics).
+        optimizer: a factory taking `params` (a Hydra `_partial_: true` config).
+        scheduler: an optional factory taking `optimizer`.
+        scheduler_interval: step the scheduler every `"epoch"` or every `"step"`.
+        compile: compile the net with `torch.compile` before fitting.
+        compile_mode: `torch.compile` mode (`default`, `reduce-overhead`, `max-autotune`).
+    """
+
+    def __init__(
+        self,
+        net: nn.Module,
+        num_classes: int,
+        optimizer: OptimizerFactory,
+        scheduler: SchedulerFactory | None = None,
+        scheduler_interval: str = "epoch",
+        compile: bool = False,
+        compile_mode: str | None = None,
+    ):
+        super().__init__()
+        # Only plain values go into checkpoints; the net, optimizer and scheduler come from config.
+        self.save_hyperparameters(ignore=["net", "optimizer", "scheduler"], logger=False)
+        self.net = net
+        self.optimizer_factory = optimizer
+        self.scheduler_factory = scheduler
+
+        self.train_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.val_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.test_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.train_loss, self.val_loss, self.test_loss = MeanMetric(), MeanMetric(), MeanMetric()
+        self.val_acc_best = MaxMetric()
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.net(images)
+
+    def setup(self, stage: str) -> None:
+        # Compile the net in place: its state_dict keys stay the same, so checkpoints of a
+        # compiled run load into an uncompiled net and back.
+        if self.hparams.compile and stage == "fit":
+            self.net.compile(mode=self.hparams.compile_mode)
+
+    def _shared_step(
+        self, batch: tuple[torch.Tensor, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        images, targets = batch
+        logits = self(images)
+        loss = F.cross_entropy(logits, targets)
+        return loss, logits.argmax(dim=1), targets
+
+    def on_train_start(self) -> None:
+        # The sanity-check validation must not count towards the best accuracy.
+        self.val_acc_best.reset()
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        loss, preds, targets = self._shared_step(batch)
+        self.train_loss(loss)
+        self.train_acc(preds, targets)
+        self.log("train/loss", self.train_loss, on_step=False, on_epoch=True, prog_bar=True)
+        self.log("train/acc", self.train_acc, on_step=False, on_epoch=True, prog_bar=True)
+        return loss
+
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        loss, preds, targets = self._shared_step(batch)
+        self.val_loss(loss)
+        self.val_acc(preds, targets)
+        self.log("val/loss", self.val_loss, on_step=False, on_epoch=True, prog_bar=True)
+        self.log("val/acc", self.val_acc, on_step=False, on_epoch=True, prog_bar=True)
+
+    def on_validation_epoch_end(self) -> None:
+        # val_acc.compute() is already reduced across processes; MaxMetric keeps the best epoch.
+        self.val_acc_best(self.val_acc.compute())
+        self.log("val/acc_best", self.val_acc_best.compute(), sync_dist=True, prog_bar=True)
+
+    def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        loss, preds, targets = self._shared_step(batch)
+        self.test_loss(loss)
+        self.test_acc(preds, targets)
+        self.log("test/loss", self.test_loss, on_step=False, on_epoch=True)
+        self.log("test/acc", self.test_acc, on_step=False, on_epoch=True)
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        optimizer = self.optimizer_factory(params=self.trainer.model.parameters())
+        if self.scheduler_factory is None:
+            return {"optimizer": optimizer}
+        scheduler = self.scheduler_factory(optimizer=optimizer)
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {
+                "scheduler": scheduler,
+                "interval": self.hparams.scheduler_interval,
+                "monitor": "val/loss",
+            },
+        }

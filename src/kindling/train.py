@@ -1,0 +1,64 @@
+"""The path of a run: config -> data, model, callbacks, loggers, trainer -> fit -> test."""
+
+import lightning as L
+from hydra.utils import instantiate
+from lightning.pytorch.callbacks import LearningRateMonitor
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from omegaconf import DictConfig, OmegaConf
+
+from kindling.utils import UserError, instantiate_group
+
+
+def run(cfg: DictConfig) -> float | None:
+    """Train and/or test as `cfg` says; return the value of `cfg.optimized_metric` (or None)."""
+    if cfg.get("seed") is not None:  # 0 is a seed like any other
+        L.seed_everything(cfg.seed, workers=True)
+
+    # _convert_="all": objects get plain lists and dicts, never OmegaConf containers, so what they
+    # save into checkpoints loads with torch.load(weights_only=True).
+    datamodule: L.LightningDataModule = instantiate(cfg.data, _convert_="all")
+    model: L.LightningModule = instantiate(cfg.model, _convert_="all")
+    loggers = instantiate_group(cfg.get("logger"))
+    callbacks = instantiate_group(cfg.get("callbacks"))
+    if not loggers:
+        # LearningRateMonitor refuses to run without a logger; there is nothing to record to.
+        callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
+    trainer: L.Trainer = instantiate(
+        cfg.trainer, callbacks=callbacks, logger=loggers or False, _convert_="all"
+    )
+
+    rank_zero_info(f"Run folder: {cfg.paths.output_dir}")
+    for logger in trainer.loggers:  # Lightning calls loggers on rank 0 only
+        logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
+
+    if cfg.get("train"):
+        trainer.fit(model=model, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+    metrics = dict(trainer.callback_metrics)
+
+    if cfg.get("test"):
+        trainer.test(model=model, datamodule=datamodule, ckpt_path=_test_checkpoint(cfg, trainer))
+        metrics.update(trainer.callback_metrics)
+
+    rank_zero_info(f"Run folder: {cfg.paths.output_dir}")
+    return _optimized_metric(cfg.get("optimized_metric"), metrics)
+
+
+def _test_checkpoint(cfg: DictConfig, trainer: L.Trainer) -> str | None:
+    """Test the best checkpoint of this fit, or `ckpt_path` when not training."""
+    if not cfg.get("train"):
+        return cfg.get("ckpt_path")
+    best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
+    if not best:
+        rank_zero_warn("No best checkpoint was saved: testing the weights at the end of training.")
+        return None
+    return best
+
+
+def _optimized_metric(name: str | None, metrics: dict) -> float | None:
+    if not name:
+        return None
+    if name not in metrics:
+        raise UserError(
+            f"optimized_metric={name!r} was not logged. Logged metrics: {', '.join(sorted(metrics))}."
+        )
+    return float(metrics[name])

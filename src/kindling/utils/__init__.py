@@ -1,0 +1,6 @@
+"""Helpers that Lightning, Hydra and torchmetrics do not already provide."""
+
+from kindling.utils.errors import UserError
+from kindling.utils.instantiate import instantiate_group
+
+__all__ = ["UserError", "instantiate_group"]
