@@ -39,7 +39,9 @@ class RecurrentClassifier(nn.Module):
             batch_first=True,
         )
         directions = 2 if bidirectional else 1
-        self.head = nn.Sequential(nn.Dropout(dropout), nn.Linear(directions * hidden_size, num_classes))
+        self.head = nn.Sequential(
+            nn.Dropout(dropout), nn.Linear(directions * hidden_size, num_classes)
+        )
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         _, hidden = self.rnn(image_to_sequence(images))

@@ -75,7 +75,9 @@ class Classifier(L.LightningModule):
         # The sanity-check validation must not count towards the best accuracy.
         self.val_acc_best.reset()
 
-    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+    def training_step(
+        self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int
+    ) -> torch.Tensor:
         loss, preds, targets = self._shared_step(batch)
         self.train_loss(loss)
         self.train_acc(preds, targets)

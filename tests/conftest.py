@@ -1,0 +1,40 @@
+"""Shared fixtures: compose the project's configs the way `python train.py` does."""
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, open_dict
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG_DIR = ROOT / "configs"
+
+
+@pytest.fixture
+def compose_config(tmp_path: Path) -> Callable[..., DictConfig]:
+    """Compose `configs/train.yaml` with overrides, its run folder and data folder in tmp_path."""
+
+    def _compose(*overrides: str) -> DictConfig:
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+            cfg = compose(config_name="train", overrides=list(overrides), return_hydra_config=True)
+        # What @hydra.main does before calling the task: ${hydra:...} resolves from HydraConfig,
+        # and the task's config has no `hydra` key.
+        HydraConfig().set_config(cfg)
+        with open_dict(cfg):
+            del cfg["hydra"]
+            cfg.paths.output_dir = str(tmp_path / "run")
+            cfg.paths.log_dir = str(tmp_path / "logs")
+            cfg.paths.data_dir = str(tmp_path / "data")
+        return cfg
+
+    yield _compose
+    GlobalHydra.instance().clear()
+
+
+def options(group: str) -> list[str]:
+    """The options of a config group: the yaml files in configs/<group>/."""
+    return sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))

@@ -1,0 +1,123 @@
+"""The whole path of a run: config -> fit -> test, in-process and through `python train.py`."""
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, options
+
+from kindling.train import run
+
+QUIET = ["callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null"]
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, str]]:
+    with open(run_dir / "csv" / "metrics.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def last_value(rows: list[dict[str, str]], name: str) -> float:
+    return float([row[name] for row in rows if row.get(name)][-1])
+
+
+@pytest.mark.parametrize("model", options("model"))
+def test_fast_dev_run_every_model(compose_config, model: str) -> None:
+    cfg = compose_config(f"model={model}", "debug=fdr", *QUIET)
+    assert run(cfg) is not None
+
+
+def test_seed_zero_is_a_seed(compose_config) -> None:
+    run(compose_config("debug=fdr", "seed=0", *QUIET))
+    assert os.environ["PL_GLOBAL_SEED"] == "0"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", options("model"))
+def test_every_model_learns_digits(compose_config, tmp_path: Path, model: str) -> None:
+    """An honest learning test: real data, the default config, 10 epochs on the CPU."""
+    cfg = compose_config(f"model={model}", "trainer=cpu", "test=false", *QUIET)
+    best = run(cfg)
+    rows = read_metrics(tmp_path / "run")
+    assert last_value(rows, "val/acc") >= 0.90
+    assert best == pytest.approx(max(float(r["val/acc"]) for r in rows if r["val/acc"]))
+    # The loss fell: the last epoch is far below the first.
+    train_losses = [float(r["train/loss"]) for r in rows if r.get("train/loss")]
+    assert train_losses[-1] < 0.5 * train_losses[0]
+
+
+def test_run_logs_metrics_checkpoints_and_returns_optimized_metric(
+    compose_config, tmp_path
+) -> None:
+    cfg = compose_config("debug=limit", "trainer=cpu", *QUIET)
+    value = run(cfg)
+    run_dir = tmp_path / "run"
+    rows = read_metrics(run_dir)
+    logged = {name for row in rows for name, v in row.items() if v}
+    assert {
+        "train/loss",
+        "train/acc",
+        "val/loss",
+        "val/acc",
+        "val/acc_best",
+        "test/loss",
+        "test/acc",
+    } <= logged
+    assert value == pytest.approx(last_value(rows, "val/acc_best"))
+    checkpoints = {p.name for p in (run_dir / "checkpoints").iterdir()}
+    assert "last.ckpt" in checkpoints and len(checkpoints) == 2  # last + best
+
+
+def test_unlogged_optimized_metric_is_a_clear_error(compose_config) -> None:
+    from kindling.utils import UserError
+
+    with pytest.raises(UserError, match="optimized_metric='val/f1' was not logged"):
+        run(compose_config("debug=fdr", "optimized_metric=val/f1", *QUIET))
+
+
+def train_py(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+@pytest.mark.slow
+def test_train_py_default_run_leaves_one_run_folder(tmp_path: Path) -> None:
+    result = train_py("trainer.max_epochs=2", *QUIET, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run_dir,) = (tmp_path / "logs" / "train" / "runs").iterdir()
+    assert (run_dir / ".hydra" / "config.yaml").is_file()
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+    rows = read_metrics(run_dir)
+    assert last_value(rows, "test/acc") > 0.5
+    assert f"Run folder: {run_dir}" in result.stdout + result.stderr
+
+
+@pytest.mark.slow
+def test_train_py_multirun_one_folder_per_model(tmp_path: Path) -> None:
+    result = train_py("-m", "model=cnn,rnn,lstm,transformer", "debug=fdr", *QUIET, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (sweep_dir,) = (tmp_path / "logs" / "debug" / "multiruns").iterdir()
+    jobs = sorted(p.name for p in sweep_dir.iterdir() if p.is_dir() and p.name.isdigit())
+    assert jobs == ["0", "1", "2", "3"]
+    targets = [(sweep_dir / j / ".hydra" / "config.yaml").read_text() for j in jobs]
+    for target, cls in zip(targets, ["CNN", "RNN", "LSTM", "Transformer"]):
+        assert f"kindling.models.{cls}Classifier" in target
+
+
+@pytest.mark.slow
+def test_train_py_two_cpu_processes(tmp_path: Path) -> None:
+    result = train_py(
+        "trainer.accelerator=cpu", "trainer.devices=2", "debug=limit", *QUIET, cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run_dir,) = (tmp_path / "logs" / "debug" / "runs").iterdir()
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+    assert "Starting with 2 processes" in result.stdout + result.stderr
+    assert last_value(read_metrics(run_dir), "test/acc") > 0.0
