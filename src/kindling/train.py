@@ -58,7 +58,6 @@ def _optimized_metric(name: str | None, metrics: dict) -> float | None:
     if not name:
         return None
     if name not in metrics:
-        raise UserError(
-            f"optimized_metric={name!r} was not logged. Logged metrics: {', '.join(sorted(metrics))}."
-        )
+        logged = ", ".join(sorted(metrics))
+        raise UserError(f"optimized_metric={name!r} was not logged. Logged metrics: {logged}.")
     return float(metrics[name])

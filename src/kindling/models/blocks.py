@@ -12,7 +12,7 @@ def image_to_sequence(images: torch.Tensor) -> torch.Tensor:
 
 
 class SelfAttention(nn.Module):
-    """Multi-head self-attention on `scaled_dot_product_attention` (flash / memory-efficient kernels)."""
+    """Multi-head self-attention on `scaled_dot_product_attention` (fused attention kernels)."""
 
     def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0, causal: bool = False):
         super().__init__()

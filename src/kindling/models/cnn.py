@@ -1,6 +1,7 @@
 """Convolutional image classifier."""
 
 from collections.abc import Sequence
+from itertools import pairwise
 
 import torch
 from torch import nn
@@ -38,7 +39,7 @@ class CNNClassifier(nn.Module):
         super().__init__()
         widths = [image_shape[0], *channels]
         self.features = nn.Sequential(
-            *(conv_block(c_in, c_out, dropout) for c_in, c_out in zip(widths, widths[1:]))
+            *(conv_block(c_in, c_out, dropout) for c_in, c_out in pairwise(widths))
         )
         self.head = nn.Sequential(
             nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(widths[-1], num_classes)

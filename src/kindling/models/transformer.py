@@ -10,7 +10,7 @@ from kindling.models.blocks import TransformerBlock, image_to_sequence
 
 
 class TransformerClassifier(nn.Module):
-    """Row tokens, learned positional embeddings, pre-norm encoder blocks, class-token or mean pooling.
+    """Row tokens, learned positions, pre-norm encoder blocks, class-token or mean pooling.
 
     Takes images `(B, C, H, W)`, reads them as `H` tokens of `C*W` features, returns
     `(B, num_classes)`.
