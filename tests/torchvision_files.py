@@ -125,7 +125,7 @@ def write_mnist(
 def write_mnist_gz(
     folder: Path, num_train: int = 20, num_test: int = 10, image_size: int = 28, seed: int = 0
 ) -> TinyDataset:
-    """The gzipped IDX files (`train-images-idx3-ubyte.gz`, ...) in `folder`, as a mirror serves them.
+    """Gzipped IDX files (`train-images-idx3-ubyte.gz`, ...) in `folder`, as a mirror serves them.
 
     `md5s` maps each `.gz` name to its md5, the pairs `MNIST.resources` lists.
     """

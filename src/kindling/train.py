@@ -6,11 +6,21 @@ from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from omegaconf import DictConfig, OmegaConf
 
-from kindling.utils import UserError, instantiate_group
+from kindling.utils import UserError, hydra_ddp, instantiate_group
+
+# Run folders are named by `${run_stamp:${paths.log_dir}}` (configs/hydra/default.yaml).
+OmegaConf.register_new_resolver("run_stamp", hydra_ddp.run_stamp, replace=True)
 
 
 def run(cfg: DictConfig) -> float | None:
     """Train and/or test as `cfg` says; return the value of `cfg.optimized_metric` (or None)."""
+    # Multi-device jobs start their extra ranks as single runs of this job, in its folder.
+    hydra_ddp.install()
+    with hydra_ddp.job_environment():
+        return train_and_test(cfg)
+
+
+def train_and_test(cfg: DictConfig) -> float | None:
     if cfg.get("seed") is not None:  # 0 is a seed like any other
         L.seed_everything(cfg.seed, workers=True)
 

@@ -1,0 +1,101 @@
+"""Make Lightning's DDP launcher and Hydra agree: one run folder per job, every job run once.
+
+Lightning's DDP launcher starts ranks 1..N-1 by running the entry script again. Under Hydra it
+passes `sys.argv` on unchanged, so in a multirun (`-m`) each extra rank starts the whole sweep
+again, in a run folder of its own. And the launcher leaves `LOCAL_RANK`, `WORLD_SIZE` and
+`MASTER_PORT` in the environment, so the next job of a sweep believes its ranks are started from
+outside and never starts them.
+
+`run_stamp` names the run folder once for all the ranks that `torchrun` starts.
+`child_rank_command` starts each extra rank as a single run of this job: the job's own overrides
+(never the sweep), the job's own folder, no config of its own written. `job_environment`
+restores the environment and tears down the process group after every job.
+"""
+
+import os
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
+
+import torch.distributed
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import get_original_cwd, to_absolute_path
+from lightning.fabric.strategies.launchers import subprocess_script as fabric_launcher
+from lightning.pytorch.strategies.launchers import subprocess_script as pytorch_launcher
+
+STAMP_FORMAT = "%Y-%m-%d_%H-%M-%S"
+
+# What Lightning's launcher writes into os.environ of the launching process.
+_LAUNCHER_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")
+
+
+def child_rank_command(local_rank: int) -> tuple[Sequence[str], str]:
+    """The command and working folder that start `local_rank` of the current Hydra job."""
+    hydra_cfg = HydraConfig.get()
+    import __main__
+
+    if getattr(__main__, "__spec__", None) is None:
+        command = [sys.executable, to_absolute_path(sys.argv[0])]
+    else:
+        command = [sys.executable, "-m", __main__.__spec__.name]
+    # The overrides of this job alone: under -m, `model=cnn,lstm` became `model=cnn` for job 0.
+    command += list(hydra_cfg.overrides.task)
+    command += [
+        # Quoted: the override grammar would read a comma in a path as a sweep.
+        f'hydra.run.dir="{hydra_cfg.runtime.output_dir}"',
+        # Rank 0 writes .hydra/ and train.log; the other ranks print to the console only.
+        "hydra.output_subdir=null",
+        "hydra/job_logging=stdout",
+    ]
+    return command, get_original_cwd()
+
+
+def install() -> None:
+    """Use `child_rank_command` in Lightning's launchers (Trainer and Fabric)."""
+    pytorch_launcher._hydra_subprocess_cmd = child_rank_command
+    fabric_launcher._hydra_subprocess_cmd = child_rank_command
+
+
+@contextmanager
+def job_environment() -> Iterator[None]:
+    """Undo what a DDP job leaves behind, so the next job of a sweep starts clean."""
+    saved = {name: os.environ.get(name) for name in _LAUNCHER_VARIABLES}
+    try:
+        yield
+    finally:
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def run_stamp(log_dir: str, timeout_s: float = 120.0) -> str:
+    """The date and time that name a run folder, the same in every rank of a torchrun job.
+
+    `torchrun` starts every rank as a separate `python train.py`, each resolving its own run
+    folder; a second may pass between them. Rank 0 picks the stamp and leaves it in
+    `<log_dir>/.torchrun/<run id>`; the other ranks read it there.
+    """
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    if run_id is None:
+        return datetime.now().strftime(STAMP_FORMAT)
+    handshake = Path(log_dir) / ".torchrun" / run_id
+    if os.environ.get("RANK", "0") == "0":
+        handshake.parent.mkdir(parents=True, exist_ok=True)
+        stamp = datetime.now().strftime(STAMP_FORMAT)
+        partial = handshake.with_suffix(".partial")
+        partial.write_text(stamp)
+        partial.replace(handshake)  # atomic: readers never see half a stamp
+        return stamp
+    deadline = time.monotonic() + timeout_s
+    while not handshake.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"rank 0 did not write {handshake} within {timeout_s} s")
+        time.sleep(0.05)
+    return handshake.read_text()
