@@ -1,0 +1,134 @@
+"""The shared part of every image data set: normalise, split, batch per device, load."""
+
+from abc import abstractmethod
+from collections.abc import Sequence
+
+import lightning as L
+import torch
+from lightning.pytorch.accelerators import CUDAAccelerator
+from torch.utils.data import DataLoader, TensorDataset
+
+from kindling.utils.errors import UserError
+
+Split = tuple[torch.Tensor, torch.Tensor]  # images (N, C, H, W) float in [0, 1], labels (N,) int64
+
+
+def per_device_batch_size(batch_size: int, world_size: int) -> int:
+    """Split a global batch size evenly over `world_size` processes."""
+    if batch_size <= 0:
+        raise UserError(f"data.batch_size must be a positive integer, got {batch_size}.")
+    if batch_size % world_size:
+        raise UserError(
+            f"data.batch_size={batch_size} is the global batch size and must divide evenly over "
+            f"{world_size} processes. Use a multiple of {world_size}, "
+            f"e.g. data.batch_size={max(world_size, batch_size // world_size * world_size)}."
+        )
+    return batch_size // world_size
+
+
+class ImageDataModule(L.LightningDataModule):
+    """Images held in memory as tensors, standardised per channel with training-set statistics.
+
+    Subclasses implement `load_splits`, returning the train and test splits; this class carves
+    a seeded validation split out of train and serves all three.
+
+    Args:
+        data_dir: where the data set's files live (or are downloaded to).
+        num_classes: number of classes; checked against the labels.
+        image_shape: `[channels, height, width]`; checked against the images.
+        batch_size: the global batch size, divided evenly over the processes of a run.
+        val_fraction: share of the training split held out for validation.
+        num_workers: DataLoader worker processes per device (0 loads in the main process).
+        pin_memory: page-locked host batches for faster copies (used only on CUDA).
+        persistent_workers: keep workers alive between epochs (when `num_workers > 0`).
+        seed: seed of the validation split, independent of the run's seed.
+    """
+
+    def __init__(
+        self,
+        data_dir: str,
+        num_classes: int,
+        image_shape: Sequence[int],
+        batch_size: int = 64,
+        val_fraction: float = 0.1,
+        num_workers: int = 0,
+        pin_memory: bool = True,
+        persistent_workers: bool = True,
+        seed: int = 0,
+    ):
+        super().__init__()
+        self.save_hyperparameters(logger=False)
+        per_device_batch_size(batch_size, 1)  # fail at construction on a non-positive size
+        if not 0.0 < val_fraction < 1.0:
+            raise UserError(f"data.val_fraction must be between 0 and 1, got {val_fraction}.")
+        self.data_train: TensorDataset | None = None
+        self.data_val: TensorDataset | None = None
+        self.data_test: TensorDataset | None = None
+
+    @abstractmethod
+    def load_splits(self) -> tuple[Split, Split]:
+        """Return `(train, test)`, each `(images, labels)` with images float in [0, 1]."""
+
+    @property
+    def batch_size_per_device(self) -> int:
+        world_size = self.trainer.world_size if self.trainer is not None else 1
+        return per_device_batch_size(self.hparams.batch_size, world_size)
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.data_train is not None:
+            return
+        self.batch_size_per_device  # noqa: B018 - validate before loading anything
+        (train_images, train_labels), (test_images, test_labels) = self.load_splits()
+        self._check(train_images, train_labels)
+
+        generator = torch.Generator().manual_seed(self.hparams.seed)
+        order = torch.randperm(len(train_labels), generator=generator)
+        num_val = max(1, round(len(order) * self.hparams.val_fraction))
+        val_idx, train_idx = order[:num_val], order[num_val:]
+
+        # Statistics of the training part only: nothing from validation or test leaks in.
+        mean = train_images[train_idx].mean(dim=(0, 2, 3), keepdim=True)
+        std = train_images[train_idx].std(dim=(0, 2, 3), keepdim=True).clamp_min(1e-6)
+
+        def standardise(images: torch.Tensor) -> torch.Tensor:
+            return (images - mean) / std
+
+        self.data_train = TensorDataset(standardise(train_images[train_idx]), train_labels[train_idx])
+        self.data_val = TensorDataset(standardise(train_images[val_idx]), train_labels[val_idx])
+        self.data_test = TensorDataset(standardise(test_images), test_labels)
+
+    def _check(self, images: torch.Tensor, labels: torch.Tensor) -> None:
+        expected = tuple(self.hparams.image_shape)
+        if tuple(images.shape[1:]) != expected:
+            raise UserError(
+                f"{type(self).__name__}: images have shape {tuple(images.shape[1:])} but the data "
+                f"config says image_shape={list(expected)}. Fix data.image_shape."
+            )
+        if int(labels.max()) >= self.hparams.num_classes:
+            raise UserError(
+                f"{type(self).__name__}: found label {int(labels.max())} but the data config says "
+                f"num_classes={self.hparams.num_classes}. Fix data.num_classes."
+            )
+
+    def _loader(self, dataset: TensorDataset | None, shuffle: bool) -> DataLoader:
+        if dataset is None:
+            raise RuntimeError("call setup() before asking for a data loader")
+        on_cuda = self.trainer is not None and isinstance(self.trainer.accelerator, CUDAAccelerator)
+        workers = self.hparams.num_workers
+        return DataLoader(
+            dataset,
+            batch_size=self.batch_size_per_device,
+            shuffle=shuffle,
+            num_workers=workers,
+            pin_memory=self.hparams.pin_memory and on_cuda,
+            persistent_workers=self.hparams.persistent_workers and workers > 0,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader(self.data_train, shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self.data_val, shuffle=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader(self.data_test, shuffle=False)
