@@ -6,6 +6,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from omegaconf import DictConfig, OmegaConf
 
+from kindling.callbacks import ConfigInCheckpoint
 from kindling.utils import UserError, hydra_ddp, instantiate_group
 
 # Run folders are named by `${run_stamp:${paths.log_dir}}` (configs/hydra/default.yaml).
@@ -29,7 +30,8 @@ def train_and_test(cfg: DictConfig) -> float | None:
     datamodule: L.LightningDataModule = instantiate(cfg.data, _convert_="all")
     model: L.LightningModule = instantiate(cfg.model, _convert_="all")
     loggers = instantiate_group(cfg.get("logger"))
-    callbacks = instantiate_group(cfg.get("callbacks"))
+    config = OmegaConf.to_container(cfg, resolve=True)
+    callbacks = [*instantiate_group(cfg.get("callbacks")), ConfigInCheckpoint(config)]
     if not loggers:
         # LearningRateMonitor refuses to run without a logger; there is nothing to record to.
         callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
@@ -39,7 +41,7 @@ def train_and_test(cfg: DictConfig) -> float | None:
 
     rank_zero_info(f"Run folder: {cfg.paths.output_dir}")
     for logger in trainer.loggers:  # Lightning calls loggers on rank 0 only
-        logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
+        logger.log_hyperparams(config)
 
     if cfg.get("train"):
         trainer.fit(model=model, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))

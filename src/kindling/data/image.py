@@ -93,7 +93,9 @@ class ImageDataModule(L.LightningDataModule):
         def standardise(images: torch.Tensor) -> torch.Tensor:
             return (images - mean) / std
 
-        self.data_train = TensorDataset(standardise(train_images[train_idx]), train_labels[train_idx])
+        self.data_train = TensorDataset(
+            standardise(train_images[train_idx]), train_labels[train_idx]
+        )
         self.data_val = TensorDataset(standardise(train_images[val_idx]), train_labels[val_idx])
         self.data_test = TensorDataset(standardise(test_images), test_labels)
 

@@ -1,0 +1,39 @@
+"""Load a kindling checkpoint with nothing but the file: its config rebuilds the module."""
+
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from hydra.utils import instantiate
+
+from kindling.utils.errors import UserError
+
+
+def read_checkpoint(path: str | Path) -> dict[str, Any]:
+    """`torch.load` a checkpoint safely (`weights_only=True`) onto the CPU, with clear errors."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"Checkpoint {path} does not exist. Check ckpt_path.")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:
+        raise UserError(
+            f"{path} is not a readable checkpoint ({error}). Check ckpt_path."
+        ) from error
+    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
+        raise UserError(f"{path} is not a Lightning checkpoint (no state_dict). Check ckpt_path.")
+    return checkpoint
+
+
+def load_module(path: str | Path) -> tuple[L.LightningModule, dict[str, Any]]:
+    """Rebuild the LightningModule saved in a kindling checkpoint, in eval mode, on the CPU.
+
+    Returns the module and the checkpoint (its `"config"` is the run's resolved config).
+    """
+    checkpoint = read_checkpoint(path)
+    if "config" not in checkpoint:
+        raise UserError(f"{path} has no stored config: it was not written by kindling's train.py.")
+    module = instantiate(checkpoint["config"]["model"], _convert_="all")
+    module.load_state_dict(checkpoint["state_dict"])
+    return module.eval(), checkpoint
