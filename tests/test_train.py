@@ -1,6 +1,7 @@
 """The whole path of a run: config -> fit -> test, in-process and through `python train.py`."""
 
 import csv
+import math
 import os
 import subprocess
 import sys
@@ -9,7 +10,9 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, options
 
-from kindling.train import run
+from kindling.callbacks import DivergenceError
+from kindling.train import run, train_and_test
+from kindling.utils import UserError
 
 QUIET = ["callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null"]
 
@@ -71,10 +74,26 @@ def test_run_logs_metrics_checkpoints_and_returns_optimized_metric(
 
 
 def test_unlogged_optimized_metric_is_a_clear_error(compose_config) -> None:
-    from kindling.utils import UserError
-
     with pytest.raises(UserError, match="optimized_metric='val/f1' was not logged"):
-        run(compose_config("debug=fdr", "optimized_metric=val/f1", *QUIET))
+        train_and_test(compose_config("debug=fdr", "optimized_metric=val/f1", *QUIET))
+
+
+def test_bad_input_exits_with_its_message_alone(compose_config, caplog) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        run(compose_config("debug=fdr", "data.batch_size=0", *QUIET))
+    assert exit_info.value.code == 1
+    assert "data.batch_size must be a positive integer, got 0" in caplog.text
+
+
+def test_failed_trial_returns_nan_when_asked(compose_config) -> None:
+    value = run(compose_config("debug=fdr", "data.batch_size=0", "fail_trial_on_error=true"))
+    assert math.isnan(value)
+
+
+def test_diverging_loss_stops_the_run_naming_the_step(compose_config) -> None:
+    cfg = compose_config("trainer=cpu", "debug=limit", "model.optimizer.lr=1e12", *QUIET)
+    with pytest.raises(DivergenceError, match=r"NaN or inf at step \d+"):
+        train_and_test(cfg)
 
 
 def train_py(*args: str, cwd: Path) -> subprocess.CompletedProcess:

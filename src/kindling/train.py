@@ -1,6 +1,11 @@
 """The path of a run: config -> data, model, callbacks, loggers, trainer -> fit -> test."""
 
+import logging
+import sys
+
 import lightning as L
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
@@ -8,17 +13,36 @@ from omegaconf import DictConfig, OmegaConf
 
 from kindling.callbacks import ConfigInCheckpoint
 from kindling.utils import UserError, hydra_ddp, instantiate_group
+from kindling.utils.errors import find_user_error
 
-# Run folders are named by `${run_stamp:${paths.log_dir}}` (configs/hydra/default.yaml).
-OmegaConf.register_new_resolver("run_stamp", hydra_ddp.run_stamp, replace=True)
+log = logging.getLogger(__name__)
+
+# Run folders are named by `${run_stamp:${paths.log_dir}}` (configs/hydra/default.yaml);
+# cached, like Hydra's own `now`, so a sweep folder is named once.
+OmegaConf.register_new_resolver("run_stamp", hydra_ddp.run_stamp, use_cache=True, replace=True)
 
 
 def run(cfg: DictConfig) -> float | None:
-    """Train and/or test as `cfg` says; return the value of `cfg.optimized_metric` (or None)."""
+    """Train and/or test as `cfg` says; return the value of `cfg.optimized_metric` (or None).
+
+    Bad input stops a single run with its message alone (no traceback; exit code 1). With
+    `fail_trial_on_error` (Optuna searches), a job that fails returns NaN, which the sweeper
+    records as a failed trial, and the search goes on.
+    """
     # Multi-device jobs start their extra ranks as single runs of this job, in its folder.
     hydra_ddp.install()
-    with hydra_ddp.job_environment():
-        return train_and_test(cfg)
+    try:
+        with hydra_ddp.job_environment():
+            return train_and_test(cfg)
+    except Exception as error:
+        if cfg.get("fail_trial_on_error"):
+            log.exception("This trial failed; the search goes on.")
+            return float("nan")
+        user_error = find_user_error(error)
+        if user_error is not None and not _in_multirun():
+            log.error("%s", user_error)
+            sys.exit(1)
+        raise
 
 
 def train_and_test(cfg: DictConfig) -> float | None:
@@ -53,6 +77,11 @@ def train_and_test(cfg: DictConfig) -> float | None:
 
     rank_zero_info(f"Run folder: {cfg.paths.output_dir}")
     return _optimized_metric(cfg.get("optimized_metric"), metrics)
+
+
+def _in_multirun() -> bool:
+    # A SystemExit would end the whole sweep; an exception lets Hydra finish the other jobs.
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
 def _test_checkpoint(cfg: DictConfig, trainer: L.Trainer) -> str | None:

@@ -3,3 +3,13 @@
 
 class UserError(Exception):
     """Bad configuration or missing files: the message names the problem and the fix."""
+
+
+def find_user_error(error: BaseException) -> UserError | None:
+    """The UserError behind `error`, also when Hydra's instantiate wrapped it in its own."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, UserError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
