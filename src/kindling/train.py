@@ -76,7 +76,9 @@ def train_and_test(cfg: DictConfig) -> float | None:
         metrics.update(trainer.callback_metrics)
 
     rank_zero_info(f"Run folder: {cfg.paths.output_dir}")
-    return _optimized_metric(cfg.get("optimized_metric"), metrics)
+    # A test-only run (train=false) has no validation metrics to return.
+    name = cfg.get("optimized_metric") if cfg.get("train") else None
+    return _optimized_metric(name, metrics)
 
 
 def _in_multirun() -> bool:

@@ -1,0 +1,98 @@
+"""Several processes under Hydra on a CPU machine (gloo): folders, ranks and reduced metrics."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kindling.utils import hydra_ddp
+
+from conftest import ROOT
+
+QUIET = ["callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null"]
+TWO_CPUS = ["trainer.accelerator=cpu", "trainer.devices=2"]
+
+
+def launch(*command: str, cwd: Path) -> str:
+    result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=600)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    return output
+
+
+def train_py(*args: str, cwd: Path) -> str:
+    return launch(sys.executable, str(ROOT / "train.py"), *args, cwd=cwd)
+
+
+def only_child(folder: Path) -> Path:
+    (child,) = [p for p in folder.iterdir() if not p.name.startswith(".")]
+    return child
+
+
+@pytest.mark.slow
+def test_multirun_with_two_processes_per_job(tmp_path: Path) -> None:
+    """Each job runs once with both ranks, in its own folder under one sweep folder."""
+    output = train_py("-m", "model=cnn,lstm", *TWO_CPUS, "debug=limit", *QUIET, cwd=tmp_path)
+    sweep_dir = only_child(tmp_path / "logs" / "debug" / "multiruns")
+    jobs = sorted(p.name for p in sweep_dir.iterdir() if p.is_dir())
+    assert jobs == ["0", "1"]
+    for job in jobs:
+        assert (sweep_dir / job / "checkpoints" / "last.ckpt").is_file()
+        assert (sweep_dir / job / "csv" / "metrics.csv").is_file()
+    # Both jobs started a 2-process group; no rank started a sweep of its own.
+    assert output.count("Starting with 2 processes") == 2
+    assert output.count("Launching 2 jobs locally") == 1
+
+
+@pytest.mark.slow
+def test_torchrun_uses_one_run_folder(tmp_path: Path) -> None:
+    output = launch(
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+        str(ROOT / "train.py"), *TWO_CPUS, "debug=limit", *QUIET,
+        cwd=tmp_path,
+    )  # fmt: skip
+    run_dir = only_child(tmp_path / "logs" / "debug" / "runs")
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+    assert "Starting with 2 processes" in output
+
+
+@pytest.mark.slow
+def test_two_processes_report_the_same_accuracy_as_one(tmp_path: Path) -> None:
+    """Metrics are reduced across ranks: testing one checkpoint on 1 or 2 processes agrees."""
+    train_py("trainer=cpu", "debug=limit", *QUIET, "hydra.run.dir=trained", cwd=tmp_path)
+    checkpoint = tmp_path / "trained" / "checkpoints" / "last.ckpt"
+    results = {}
+    for devices in (1, 2):
+        train_py(
+            "train=false", f"ckpt_path={checkpoint}", "trainer.accelerator=cpu",
+            f"trainer.devices={devices}", *QUIET, f"hydra.run.dir=test{devices}",
+            cwd=tmp_path,
+        )  # fmt: skip
+        metrics = (tmp_path / f"test{devices}" / "csv" / "metrics.csv").read_text().splitlines()
+        header, values = metrics[0].split(","), metrics[-1].split(",")
+        results[devices] = float(values[header.index("test/acc")])
+    # The 359 test images do not split evenly: the sampler repeats one image on 2 processes.
+    assert results[2] == pytest.approx(results[1], abs=1.5 / 359)
+
+
+def test_run_stamp_is_shared_by_torchrun_ranks(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "abc")
+    monkeypatch.setenv("RANK", "0")
+    stamp = hydra_ddp.run_stamp(str(tmp_path))
+    monkeypatch.setenv("RANK", "1")
+    assert hydra_ddp.run_stamp(str(tmp_path)) == stamp
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "never-written")
+    with pytest.raises(TimeoutError, match="never-written"):
+        hydra_ddp.run_stamp(str(tmp_path), timeout_s=0.2)
+
+
+def test_job_environment_restores_what_the_launcher_set(monkeypatch) -> None:
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.setenv("MASTER_PORT", "1234")
+    with hydra_ddp.job_environment():
+        monkeypatch.setenv("LOCAL_RANK", "0")
+        monkeypatch.setenv("MASTER_PORT", "5678")
+    assert "LOCAL_RANK" not in os.environ
+    assert os.environ["MASTER_PORT"] == "1234"
