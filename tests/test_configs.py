@@ -2,12 +2,13 @@
 
 import pytest
 import torch
-from conftest import options
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from kindling.data import ImageDataModule
 from kindling.modules import Classifier
+
+from conftest import options
 
 GROUPS = ["data", "model", "trainer", "callbacks", "logger", "experiment", "debug"]
 

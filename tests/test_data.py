@@ -18,9 +18,20 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from conftest import CONFIG_DIR
 from omegaconf import OmegaConf
 from torchvision import datasets
+
+from kindling.data import (
+    CIFAR10DataModule,
+    DigitsDataModule,
+    FashionMNISTDataModule,
+    ImageDataModule,
+    MNISTDataModule,
+)
+from kindling.data.image import per_device_batch_size
+from kindling.utils import UserError
+
+from conftest import CONFIG_DIR
 from torchvision_files import (
     CIFAR10_ARCHIVE,
     CIFAR10_FOLDER,
@@ -32,16 +43,6 @@ from torchvision_files import (
     write_mnist,
     write_mnist_gz,
 )
-
-from kindling.data import (
-    CIFAR10DataModule,
-    DigitsDataModule,
-    FashionMNISTDataModule,
-    ImageDataModule,
-    MNISTDataModule,
-)
-from kindling.data.image import per_device_batch_size
-from kindling.utils import UserError
 
 NUM_DIGITS = 1797
 PROXY_VARIABLES = (

@@ -96,3 +96,57 @@ def test_job_environment_restores_what_the_launcher_set(monkeypatch) -> None:
         monkeypatch.setenv("MASTER_PORT", "5678")
     assert "LOCAL_RANK" not in os.environ
     assert os.environ["MASTER_PORT"] == "1234"
+
+
+def test_slurm_run_folder_is_keyed_on_the_job_id(tmp_path: Path, monkeypatch) -> None:
+    """A requeued job (same job id) finds the folder, and so its checkpoints, again."""
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setenv("SLURM_STEP_ID", "0")
+    assert hydra_ddp.run_stamp(str(tmp_path)) == "slurm-4242.0"
+    monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "4200")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "3")
+    assert hydra_ddp.run_stamp(str(tmp_path)) == "slurm-4200_3.0"
+
+
+def test_slurm_run_folder_in_the_composed_config(monkeypatch, tmp_path: Path) -> None:
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    import kindling.train  # noqa: F401 - registers the run_stamp resolver
+
+    monkeypatch.setenv("SLURM_JOB_ID", "777")
+    monkeypatch.delenv("SLURM_STEP_ID", raising=False)
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        cfg = compose("train", overrides=["hydra/launcher=slurm"], return_hydra_config=True)
+    GlobalHydra.instance().clear()
+    assert OmegaConf.select(cfg, "hydra.run.dir").endswith("/train/runs/slurm-777")
+    assert cfg.hydra.launcher._target_.endswith("SlurmLauncher")
+
+
+@pytest.mark.parametrize(("job_num", "gpus", "expected"), [(0, 4, [0]), (5, 4, [1]), (3, 0, [0])])
+def test_job_device_spreads_parallel_jobs_over_gpus(monkeypatch, job_num, gpus, expected) -> None:
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    monkeypatch.setattr("torch.cuda.device_count", lambda: gpus)
+    monkeypatch.setattr(HydraConfig, "initialized", staticmethod(lambda: True))
+    monkeypatch.setattr(
+        HydraConfig, "get", staticmethod(lambda: OmegaConf.create({"job": {"num": job_num}}))
+    )
+    assert hydra_ddp.job_device() == expected
+
+
+@pytest.mark.slow
+def test_parallel_sweep_with_joblib(tmp_path: Path) -> None:
+    output = train_py(
+        "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "model=cnn,rnn",
+        "trainer=cpu", "debug=limit", *QUIET,
+        cwd=tmp_path,
+    )  # fmt: skip
+    sweep_dir = only_child(tmp_path / "logs" / "debug" / "multiruns")
+    assert sorted(p.name for p in sweep_dir.iterdir() if p.is_dir()) == ["0", "1"]
+    for job in ("0", "1"):
+        assert (sweep_dir / job / "checkpoints" / "last.ckpt").is_file()
+    assert "Joblib.Parallel(n_jobs=2" in output

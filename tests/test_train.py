@@ -8,11 +8,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, options
 
 from kindling.callbacks import DivergenceError
 from kindling.train import run, train_and_test
 from kindling.utils import UserError
+
+from conftest import ROOT, options
 
 QUIET = ["callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null"]
 

@@ -20,6 +20,8 @@ log = logging.getLogger(__name__)
 # Run folders are named by `${run_stamp:${paths.log_dir}}` (configs/hydra/default.yaml);
 # cached, like Hydra's own `now`, so a sweep folder is named once.
 OmegaConf.register_new_resolver("run_stamp", hydra_ddp.run_stamp, use_cache=True, replace=True)
+# trainer=gpu_per_job gives job N of a parallel sweep its own GPU: `devices: ${job_device:}`.
+OmegaConf.register_new_resolver("job_device", hydra_ddp.job_device, replace=True)
 
 
 def run(cfg: DictConfig) -> float | None:

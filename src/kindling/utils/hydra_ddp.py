@@ -76,12 +76,24 @@ def job_environment() -> Iterator[None]:
 
 
 def run_stamp(log_dir: str, timeout_s: float = 120.0) -> str:
-    """The date and time that name a run folder, the same in every rank of a torchrun job.
+    """The name of a run folder: the date and time, the same in every rank of a job.
 
-    `torchrun` starts every rank as a separate `python train.py`, each resolving its own run
-    folder; a second may pass between them. Rank 0 picks the stamp and leaves it in
-    `<log_dir>/.torchrun/<run id>`; the other ranks read it there.
+    - Under SLURM: `slurm-<job id>[_<array task>][.<step>]`. Every task of the job gets the same
+      folder, and so does the job when SLURM requeues it: Lightning's SLURMEnvironment
+      (`auto_requeue=True`) saves an `hpc_ckpt_*.ckpt` there before the job is stopped and
+      resumes from it when it starts again.
+    - Under `torchrun`, which starts every rank as a separate `python train.py` (a second may
+      pass between them): rank 0 picks the stamp and leaves it in `<log_dir>/.torchrun/<run id>`,
+      where the other ranks read it.
     """
+    slurm_job = os.environ.get("SLURM_ARRAY_JOB_ID") or os.environ.get("SLURM_JOB_ID")
+    if slurm_job is not None:
+        stamp = f"slurm-{slurm_job}"
+        if "SLURM_ARRAY_TASK_ID" in os.environ:
+            stamp += f"_{os.environ['SLURM_ARRAY_TASK_ID']}"
+        if "SLURM_STEP_ID" in os.environ:  # one folder per `srun` in an allocation
+            stamp += f".{os.environ['SLURM_STEP_ID']}"
+        return stamp
     run_id = os.environ.get("TORCHELASTIC_RUN_ID")
     if run_id is None:
         return datetime.now().strftime(STAMP_FORMAT)
@@ -99,3 +111,17 @@ def run_stamp(log_dir: str, timeout_s: float = 120.0) -> str:
             raise TimeoutError(f"rank 0 did not write {handshake} within {timeout_s} s")
         time.sleep(0.05)
     return handshake.read_text()
+
+
+def job_device() -> list[int]:
+    """The device of this job in a parallel sweep: `[job number mod device count]`.
+
+    Outside a multirun, and on a machine without CUDA, device 0.
+    """
+    import torch
+
+    job_num = 0
+    if HydraConfig.initialized():
+        job_num = HydraConfig.get().job.get("num", 0) or 0
+    num_devices = torch.cuda.device_count()
+    return [job_num % num_devices if num_devices else 0]

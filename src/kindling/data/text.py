@@ -1,0 +1,306 @@
+"""Character-level text: a vocabulary of characters and fixed-length windows of a corpus."""
+
+import hashlib
+import urllib.error
+import urllib.request
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from urllib.parse import urlparse
+
+import lightning as L
+import numpy as np
+import torch
+from lightning.pytorch.accelerators import CUDAAccelerator
+from torch.utils.data import DataLoader, Dataset
+
+from kindling.data.image import per_device_batch_size
+from kindling.utils.errors import UserError
+
+# Public-domain corpora that `data.download=<name>` fetches from their canonical address.
+CORPORA = {
+    # 40,000 lines of Shakespeare, 1.1 MB, from Andrej Karpathy's char-rnn.
+    "tiny_shakespeare": (
+        "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+    ),
+}
+DOWNLOAD_TIMEOUT_S = 60.0
+
+
+class Vocabulary:
+    """The characters of a corpus, each mapped to an id (its index in sorted order)."""
+
+    def __init__(self, characters: Iterable[str]):
+        self.characters = sorted(set(characters))
+        if any(len(c) != 1 for c in self.characters):
+            raise ValueError("a vocabulary holds single characters")
+        # Code points in sorted order: encoding is a vectorised binary search.
+        self._codepoints = np.array([ord(c) for c in self.characters], dtype=np.int64)
+
+    @classmethod
+    def from_text(cls, text: str) -> "Vocabulary":
+        return cls(set(text))
+
+    @classmethod
+    def from_tensor(cls, codepoints: torch.Tensor) -> "Vocabulary":
+        """The inverse of `to_tensor` (how a checkpoint stores a vocabulary)."""
+        return cls(chr(int(c)) for c in codepoints.tolist())
+
+    def to_tensor(self) -> torch.Tensor:
+        """The code points as an int64 tensor: it travels in a state_dict and loads weights_only."""
+        return torch.from_numpy(self._codepoints.copy())
+
+    def __len__(self) -> int:
+        return len(self.characters)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Vocabulary) and self.characters == other.characters
+
+    def unknown(self, text: str) -> list[str]:
+        """The characters of `text` that are not in the vocabulary."""
+        return sorted(set(text) - set(self.characters))
+
+    def encode(self, text: str) -> torch.Tensor:
+        """Ids of the characters of `text`, int64 of shape `(len(text),)`."""
+        missing = self.unknown(text)
+        if missing:
+            raise UserError(
+                f"The text has characters that are not in the vocabulary: {missing!r}. "
+                f"The vocabulary is {''.join(self.characters)!r}."
+            )
+        codepoints = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32).astype(np.int64)
+        return torch.from_numpy(np.searchsorted(self._codepoints, codepoints))
+
+    def decode(self, ids: Sequence[int] | torch.Tensor) -> str:
+        if isinstance(ids, torch.Tensor):
+            ids = ids.tolist()
+        return "".join(self.characters[i] for i in ids)
+
+
+class TokenWindows(Dataset):
+    """Non-overlapping windows of a token sequence: input `tokens[i:i+T]`, target shifted by one."""
+
+    def __init__(self, tokens: torch.Tensor, length: int):
+        if len(tokens) < length + 1:
+            raise ValueError(f"{len(tokens)} tokens cannot make a window of {length} + 1")
+        self.tokens = tokens
+        self.length = length
+
+    def __len__(self) -> int:
+        # The last window needs one token past its end for its last target.
+        return (len(self.tokens) - 1) // self.length
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        start = index * self.length
+        chunk = self.tokens[start : start + self.length + 1]
+        return chunk[:-1], chunk[1:]
+
+
+def default_corpus() -> str:
+    """The Python Language Reference as plain text: the topics of `help()`, shipped with Python."""
+    try:
+        from pydoc_data.topics import topics
+    except ImportError as error:
+        raise UserError(
+            "The default corpus (pydoc_data.topics, part of Python's standard library) is missing "
+            "from this Python. Train on your own text with data.path=<file or folder>, or fetch "
+            "one with data.download=tiny_shakespeare."
+        ) from error
+    return "\n".join(topics[name] for name in sorted(topics))
+
+
+def read_corpus(path: str | Path) -> str:
+    """A UTF-8 file, or every non-hidden file under a folder (in path order), as one string."""
+    path = Path(path)
+    if path.is_file():
+        files = [path]
+    elif path.is_dir():
+        files = sorted(
+            p
+            for p in path.rglob("*")
+            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts)
+        )
+        if not files:
+            raise UserError(f"data.path={str(path)!r} is a folder with no files. Add text files.")
+    else:
+        raise UserError(
+            f"data.path={str(path)!r} does not exist. Point it at a UTF-8 text file or a folder "
+            "of them (relative paths start from where you run train.py), or set data.path=null "
+            "for the default corpus."
+        )
+    texts = []
+    for file in files:
+        try:
+            texts.append(file.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as error:
+            raise UserError(
+                f"{file} is not UTF-8 text ({error.reason} at byte {error.start}). "
+                "Convert it to UTF-8, or remove it from the folder."
+            ) from error
+    return "\n".join(texts)
+
+
+def download_target(download: str, data_dir: str | Path) -> tuple[str, Path]:
+    """The address of `download` (a name in CORPORA or an http(s) address) and its cache file."""
+    folder = Path(data_dir) / "text"
+    if download in CORPORA:
+        return CORPORA[download], folder / f"{download}.txt"
+    if urlparse(download).scheme in ("http", "https"):
+        # A short hash of the address keeps two `input.txt` from different places apart.
+        tag = hashlib.sha256(download.encode()).hexdigest()[:12]
+        name = Path(urlparse(download).path).name or "corpus.txt"
+        return download, folder / f"{tag}-{name}"
+    raise UserError(
+        f"data.download={download!r} is neither a known corpus ({', '.join(CORPORA)}) "
+        "nor an http(s) address."
+    )
+
+
+def fetch(url: str, destination: Path) -> None:
+    """Download `url` to `destination` atomically: a failed download leaves no partial file."""
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    partial = destination.with_name(destination.name + ".partial")
+    try:
+        with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as response:
+            partial.write_bytes(response.read())
+    except (urllib.error.URLError, OSError) as error:
+        partial.unlink(missing_ok=True)
+        raise UserError(
+            f"Could not download {url} ({error}). Put the file at {destination} yourself, "
+            "or train on a local file with data.path=<file>."
+        ) from error
+    partial.replace(destination)
+
+
+class CharTextDataModule(L.LightningDataModule):
+    """A character-level language-modelling corpus, split by position into train | val | test.
+
+    Every split serves non-overlapping windows of `context_length` characters, each with the
+    window shifted by one character as its target. The vocabulary (the corpus's characters) is
+    built from the whole corpus, so no split meets an unknown character.
+
+    Args:
+        data_dir: where `download` caches files (under `<data_dir>/text/`).
+        path: a UTF-8 text file or a folder of them; null for the default corpus, the Python
+            Language Reference that ships with Python (`pydoc_data.topics`, about 460,000
+            characters).
+        download: a corpus name (`tiny_shakespeare`) or an http(s) address, fetched once into
+            `data_dir` and read from there. Only one of `path` and `download` may be set.
+        context_length: characters per window (the T of a `(B, T)` batch).
+        batch_size: the global batch size, divided evenly over the processes of a run.
+        val_fraction: share of the corpus, after the training part, held out for validation.
+        test_fraction: share at the end of the corpus held out for testing.
+        num_workers: DataLoader worker processes per device (0 loads in the main process).
+        pin_memory: page-locked host batches for faster copies (used only on CUDA).
+        persistent_workers: keep workers alive between epochs (when `num_workers > 0`).
+    """
+
+    def __init__(
+        self,
+        data_dir: str,
+        path: str | None = None,
+        download: str | None = None,
+        context_length: int = 128,
+        batch_size: int = 64,
+        val_fraction: float = 0.1,
+        test_fraction: float = 0.1,
+        num_workers: int = 0,
+        pin_memory: bool = True,
+        persistent_workers: bool = True,
+    ):
+        super().__init__()
+        self.save_hyperparameters(logger=False)
+        per_device_batch_size(batch_size, 1)  # fail at construction on a non-positive size
+        if path is not None and download is not None:
+            raise UserError(
+                f"Set one of data.path={path!r} and data.download={download!r}, not both."
+            )
+        if download is not None:
+            download_target(download, data_dir)  # fail at construction on a bad name
+        if context_length < 1:
+            raise UserError(f"data.context_length must be at least 1, got {context_length}.")
+        for name, fraction in [("val_fraction", val_fraction), ("test_fraction", test_fraction)]:
+            if not 0.0 < fraction < 1.0:
+                raise UserError(f"data.{name} must be between 0 and 1, got {fraction}.")
+        if val_fraction + test_fraction >= 1.0:
+            raise UserError(
+                f"data.val_fraction + data.test_fraction = {val_fraction + test_fraction} "
+                "leaves nothing to train on; make them smaller."
+            )
+        self.vocabulary: Vocabulary | None = None
+        self.data_train: TokenWindows | None = None
+        self.data_val: TokenWindows | None = None
+        self.data_test: TokenWindows | None = None
+
+    @property
+    def batch_size_per_device(self) -> int:
+        world_size = self.trainer.world_size if self.trainer is not None else 1
+        return per_device_batch_size(self.hparams.batch_size, world_size)
+
+    def prepare_data(self) -> None:
+        # Lightning calls this on one process per node, before setup(): the place to download.
+        if self.hparams.download is not None:
+            url, cached = download_target(self.hparams.download, self.hparams.data_dir)
+            if not cached.is_file():
+                fetch(url, cached)
+
+    def load_text(self) -> str:
+        if self.hparams.path is not None:
+            return read_corpus(self.hparams.path)
+        if self.hparams.download is not None:
+            _url, cached = download_target(self.hparams.download, self.hparams.data_dir)
+            if not cached.is_file():
+                raise UserError(f"{cached} is missing: call prepare_data() to download it.")
+            return read_corpus(cached)
+        return default_corpus()
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.data_train is not None:
+            return
+        self.batch_size_per_device  # noqa: B018 - validate before loading anything
+        text = self.load_text()
+        if not text:
+            source = self.hparams.path or self.hparams.download
+            raise UserError(f"The corpus {source!r} is empty. Point data.path at a text file.")
+        self.vocabulary = Vocabulary.from_text(text)
+        tokens = self.vocabulary.encode(text)
+
+        # By position, not at random: neighbouring windows share text, so a shuffled split
+        # would leak validation text into training.
+        num_val = round(len(tokens) * self.hparams.val_fraction)
+        num_test = round(len(tokens) * self.hparams.test_fraction)
+        num_train = len(tokens) - num_val - num_test
+        splits = torch.split(tokens, [num_train, num_val, num_test])
+        shortest = min(len(s) for s in splits)
+        length = self.hparams.context_length
+        if shortest < length + 1:
+            raise UserError(
+                f"The corpus has {len(text):,} characters: its smallest split has {shortest:,}, "
+                f"too few for one window of data.context_length={length} plus its target. "
+                "Use a longer text, a smaller data.context_length, or larger split fractions."
+            )
+        self.data_train, self.data_val, self.data_test = (TokenWindows(s, length) for s in splits)
+
+    def _loader(self, dataset: TokenWindows | None, shuffle: bool) -> DataLoader:
+        if dataset is None:
+            raise RuntimeError("call setup() before asking for a data loader")
+        on_cuda = self.trainer is not None and isinstance(self.trainer.accelerator, CUDAAccelerator)
+        workers = self.hparams.num_workers
+        return DataLoader(
+            dataset,
+            batch_size=self.batch_size_per_device,
+            shuffle=shuffle,
+            num_workers=workers,
+            pin_memory=self.hparams.pin_memory and on_cuda,
+            persistent_workers=self.hparams.persistent_workers and workers > 0,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader(self.data_train, shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self.data_val, shuffle=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader(self.data_test, shuffle=False)
