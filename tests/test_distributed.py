@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from kindling.utils import hydra_ddp
 
@@ -150,3 +151,26 @@ def test_parallel_sweep_with_joblib(tmp_path: Path) -> None:
     for job in ("0", "1"):
         assert (sweep_dir / job / "checkpoints" / "last.ckpt").is_file()
     assert "Joblib.Parallel(n_jobs=2" in output
+
+
+def test_fsdp_config_wraps_each_transformer_block(compose_config) -> None:
+    from hydra.utils import instantiate
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    from kindling.models.blocks import TransformerBlock
+
+    cfg = compose_config("trainer=fsdp", "model=transformer")
+    strategy = instantiate(cfg.trainer.strategy, _convert_="all")
+    assert isinstance(strategy, FSDPStrategy)
+    assert strategy.kwargs["auto_wrap_policy"]._module_classes == {TransformerBlock}
+    assert cfg.trainer.accelerator == "gpu" and cfg.trainer.precision == "bf16-mixed"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_fsdp_trains_on_the_gpus(tmp_path: Path) -> None:
+    devices = min(2, torch.cuda.device_count())
+    train_py("trainer=fsdp", f"trainer.devices={devices}", "model=transformer", "debug=limit",
+             *QUIET, cwd=tmp_path)  # fmt: skip
+    run_dir = only_child(tmp_path / "logs" / "debug" / "runs")
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file()

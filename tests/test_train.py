@@ -1,7 +1,6 @@
 """The whole path of a run: config -> fit -> test, in-process and through `python train.py`."""
 
 import csv
-import math
 import os
 import subprocess
 import sys
@@ -84,11 +83,6 @@ def test_bad_input_exits_with_its_message_alone(compose_config, caplog) -> None:
         run(compose_config("debug=fdr", "data.batch_size=0", *QUIET))
     assert exit_info.value.code == 1
     assert "data.batch_size must be a positive integer, got 0" in caplog.text
-
-
-def test_failed_trial_returns_nan_when_asked(compose_config) -> None:
-    value = run(compose_config("debug=fdr", "data.batch_size=0", "fail_trial_on_error=true"))
-    assert math.isnan(value)
 
 
 def test_diverging_loss_stops_the_run_naming_the_step(compose_config) -> None:

@@ -27,9 +27,8 @@ OmegaConf.register_new_resolver("job_device", hydra_ddp.job_device, replace=True
 def run(cfg: DictConfig) -> float | None:
     """Train and/or test as `cfg` says; return the value of `cfg.optimized_metric` (or None).
 
-    Bad input stops a single run with its message alone (no traceback; exit code 1). With
-    `fail_trial_on_error` (Optuna searches), a job that fails returns NaN, which the sweeper
-    records as a failed trial, and the search goes on.
+    Bad input stops a single run with its message alone (no traceback; exit code 1). In a
+    multirun the error is raised, so Hydra records the job as failed and runs the others.
     """
     # Multi-device jobs start their extra ranks as single runs of this job, in its folder.
     hydra_ddp.install()
@@ -37,9 +36,6 @@ def run(cfg: DictConfig) -> float | None:
         with hydra_ddp.job_environment():
             return train_and_test(cfg)
     except Exception as error:
-        if cfg.get("fail_trial_on_error"):
-            log.exception("This trial failed; the search goes on.")
-            return float("nan")
         user_error = find_user_error(error)
         if user_error is not None and not _in_multirun():
             log.error("%s", user_error)
