@@ -2,6 +2,7 @@
 
 from kindling.data.digits import DigitsDataModule
 from kindling.data.image import ImageDataModule
+from kindling.data.text import CharTextDataModule
 from kindling.data.torchvision_datasets import (
     CIFAR10DataModule,
     FashionMNISTDataModule,
@@ -10,6 +11,7 @@ from kindling.data.torchvision_datasets import (
 
 __all__ = [
     "CIFAR10DataModule",
+    "CharTextDataModule",
     "DigitsDataModule",
     "FashionMNISTDataModule",
     "ImageDataModule",

@@ -1,0 +1,270 @@
+"""Character-level text data: vocabulary, windows, splits, corpora and downloads, offline.
+
+The download tests serve files from a local HTTP server on 127.0.0.1; nothing else is contacted.
+"""
+
+import functools
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from kindling.data import CharTextDataModule
+from kindling.data import text as text_module
+from kindling.data.text import TokenWindows, Vocabulary, default_corpus
+from kindling.utils import UserError
+
+CORPUS = "It was the best of times, it was the worst of times; ünïcödé ✓ too.\n" * 8
+
+
+def make_text(tmp_path: Path, text: str = CORPUS, **overrides) -> CharTextDataModule:
+    path = tmp_path / "corpus.txt"
+    path.write_text(text, encoding="utf-8")
+    kwargs = {
+        "data_dir": str(tmp_path / "data"),
+        "path": str(path),
+        "context_length": 8,
+        "batch_size": 4,
+        "val_fraction": 0.2,
+        "test_fraction": 0.1,
+    }
+    return CharTextDataModule(**{**kwargs, **overrides})
+
+
+# --------------------------------------------------------------------------------------------
+# Vocabulary
+
+
+def test_vocabulary_round_trip() -> None:
+    vocabulary = Vocabulary.from_text(CORPUS)
+    ids = vocabulary.encode(CORPUS)
+    assert ids.dtype == torch.long and ids.shape == (len(CORPUS),)
+    assert vocabulary.decode(ids) == CORPUS
+    assert len(vocabulary) == len(set(CORPUS))
+    # Ids follow the sorted characters, so the same text always gives the same ids.
+    assert vocabulary.characters == sorted(set(CORPUS))
+    assert vocabulary.decode([0]) == min(CORPUS)
+
+
+def test_vocabulary_survives_a_tensor_round_trip() -> None:
+    vocabulary = Vocabulary.from_text(CORPUS)
+    restored = Vocabulary.from_tensor(vocabulary.to_tensor())
+    assert restored == vocabulary
+    assert restored.decode(vocabulary.encode("times ✓")) == "times ✓"
+
+
+def test_unknown_characters_are_a_user_error() -> None:
+    vocabulary = Vocabulary.from_text("abc")
+    with pytest.raises(UserError, match=r"not in the vocabulary: \['x', 'z'\]"):
+        vocabulary.encode("abxz")
+
+
+# --------------------------------------------------------------------------------------------
+# Windows
+
+
+def test_targets_are_the_inputs_shifted_by_one() -> None:
+    tokens = torch.arange(20)
+    windows = TokenWindows(tokens, length=6)
+    assert len(windows) == 3  # starts 0, 6, 12; the last needs token 18 as its last target
+    for index in range(len(windows)):
+        inputs, targets = windows[index]
+        start = index * 6
+        assert inputs.tolist() == list(range(start, start + 6))
+        assert targets.tolist() == list(range(start + 1, start + 7))
+    with pytest.raises(IndexError):
+        windows[3]
+
+
+def test_a_window_needs_one_token_past_its_end() -> None:
+    assert len(TokenWindows(torch.arange(7), length=6)) == 1
+    with pytest.raises(ValueError):
+        TokenWindows(torch.arange(6), length=6)
+
+
+# --------------------------------------------------------------------------------------------
+# The data module
+
+
+def test_splits_follow_the_text_in_order(tmp_path: Path) -> None:
+    dm = make_text(tmp_path)
+    dm.setup("fit")
+    vocabulary = dm.vocabulary
+    parts = [
+        vocabulary.decode(split.tokens) for split in (dm.data_train, dm.data_val, dm.data_test)
+    ]
+    assert "".join(parts) == CORPUS
+    assert len(parts[1]) == round(len(CORPUS) * 0.2)
+    assert len(parts[2]) == round(len(CORPUS) * 0.1)
+
+
+def test_batches_are_windows_of_the_corpus(tmp_path: Path) -> None:
+    dm = make_text(tmp_path)
+    dm.setup("fit")
+    inputs, targets = next(iter(dm.val_dataloader()))
+    assert inputs.shape == targets.shape == (4, 8)
+    assert inputs.dtype == targets.dtype == torch.long
+    text = dm.vocabulary.decode(inputs[0]) + dm.vocabulary.decode(targets[0][-1:])
+    assert text in CORPUS
+    assert torch.equal(inputs[:, 1:], targets[:, :-1])
+
+
+def test_batches_are_split_over_the_world_size(tmp_path: Path) -> None:
+    dm = make_text(tmp_path, batch_size=4)
+    dm.trainer = SimpleNamespace(world_size=2, accelerator=None)
+    dm.setup("fit")
+    inputs, _ = next(iter(dm.train_dataloader()))
+    assert dm.batch_size_per_device == 2 and inputs.shape[0] == 2
+
+
+def test_world_size_that_does_not_divide_fails_before_reading(tmp_path: Path) -> None:
+    dm = make_text(tmp_path, batch_size=4)
+    dm.trainer = SimpleNamespace(world_size=3, accelerator=None)
+    dm.load_text = lambda: pytest.fail("setup read the corpus before checking the batch size")
+    with pytest.raises(UserError, match="3 processes"):
+        dm.setup("fit")
+
+
+def test_a_folder_is_its_files_in_path_order(tmp_path: Path) -> None:
+    folder = tmp_path / "books"
+    (folder / "b").mkdir(parents=True)
+    (folder / "a.txt").write_text("first " * 20, encoding="utf-8")
+    (folder / "b" / "c.txt").write_text("second " * 20, encoding="utf-8")
+    (folder / ".hidden").write_bytes(b"\xff\xfe not text")  # skipped: hidden
+    dm = CharTextDataModule(str(tmp_path), path=str(folder), context_length=4, batch_size=2)
+    assert dm.load_text() == "first " * 20 + "\n" + "second " * 20
+
+
+def test_default_corpus_ships_with_python() -> None:
+    text = default_corpus()
+    assert len(text) > 300_000
+    assert 60 < len(set(text)) < 200
+    assert "Assert statements are a convenient way" in text
+
+
+@pytest.mark.parametrize(
+    ("setup_corpus", "problem", "fix"),
+    [
+        (lambda p: p.write_text("", encoding="utf-8"), "is empty", "data.path"),
+        (lambda p: None, "does not exist", "data.path=null"),
+        (lambda p: p.write_bytes(b"caf\xe9 latin-1"), "is not UTF-8", "Convert it to UTF-8"),
+        (lambda p: p.write_text("too short", encoding="utf-8"), "too few", "data.context_length"),
+    ],
+)
+def test_bad_corpora_are_user_errors(
+    tmp_path: Path, setup_corpus: Callable[[Path], None], problem: str, fix: str
+) -> None:
+    path = tmp_path / "corpus.txt"
+    setup_corpus(path)
+    dm = CharTextDataModule(str(tmp_path), path=str(path), context_length=8, batch_size=2)
+    with pytest.raises(UserError, match=problem) as error:
+        dm.setup("fit")
+    assert fix in str(error.value)
+
+
+def test_an_empty_folder_is_a_user_error(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    dm = CharTextDataModule(str(tmp_path), path=str(tmp_path / "empty"))
+    with pytest.raises(UserError, match="folder with no files"):
+        dm.setup("fit")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"path": "a.txt", "download": "tiny_shakespeare"}, "not both"),
+        ({"download": "war_and_peace"}, "neither a known corpus"),
+        ({"context_length": 0}, "context_length"),
+        ({"val_fraction": 0.0}, "val_fraction"),
+        ({"val_fraction": 0.5, "test_fraction": 0.5}, "nothing to train on"),
+        ({"batch_size": 0}, "batch_size"),
+    ],
+)
+def test_bad_settings_fail_at_construction(tmp_path: Path, kwargs: dict, message: str) -> None:
+    with pytest.raises(UserError, match=message):
+        CharTextDataModule(str(tmp_path), **kwargs)
+
+
+# --------------------------------------------------------------------------------------------
+# Downloads, from a local HTTP server
+
+
+class _RecordingHandler(SimpleHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.server.requested.append(self.path)
+        super().do_GET()
+
+    def log_message(self, format: str, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def serve_folder() -> Iterator[Callable[[Path], tuple[str, list[str]]]]:
+    """`serve(folder)` serves `folder` on 127.0.0.1: returns its address and the paths asked for."""
+    servers: list[ThreadingHTTPServer] = []
+
+    def serve(folder: Path) -> tuple[str, list[str]]:
+        handler = functools.partial(_RecordingHandler, directory=str(folder))
+        server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        server.requested = []
+        threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True).start()
+        servers.append(server)
+        host, port = server.server_address[:2]
+        return f"http://{host}:{port}/", server.requested
+
+    yield serve
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def test_download_is_fetched_once_and_cached(tmp_path: Path, serve_folder) -> None:
+    (tmp_path / "www").mkdir()
+    (tmp_path / "www" / "input.txt").write_text(CORPUS, encoding="utf-8")
+    address, requested = serve_folder(tmp_path / "www")
+    data_dir = tmp_path / "data"
+    kwargs = {"download": address + "input.txt", "context_length": 8, "batch_size": 2}
+    dm = CharTextDataModule(str(data_dir), **kwargs)
+    dm.prepare_data()
+    dm.setup("fit")
+    assert dm.load_text() == CORPUS
+    (cached,) = (data_dir / "text").iterdir()
+    assert cached.name.endswith("-input.txt")
+    CharTextDataModule(str(data_dir), **kwargs).prepare_data()
+    assert requested == ["/input.txt"]  # the second module read the cache
+
+
+def test_named_corpus_downloads_from_its_address(
+    tmp_path: Path, serve_folder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "www").mkdir()
+    (tmp_path / "www" / "shakespeare.txt").write_text("ROMEO:\n" * 50, encoding="utf-8")
+    address, requested = serve_folder(tmp_path / "www")
+    monkeypatch.setitem(text_module.CORPORA, "tiny_shakespeare", address + "shakespeare.txt")
+    dm = CharTextDataModule(str(tmp_path), download="tiny_shakespeare", context_length=4)
+    dm.prepare_data()
+    assert (tmp_path / "text" / "tiny_shakespeare.txt").read_text() == "ROMEO:\n" * 50
+    assert requested == ["/shakespeare.txt"]
+
+
+def test_failed_download_is_a_user_error_and_leaves_no_file(tmp_path: Path) -> None:
+    # A bound socket that never listens: connecting is refused at once.
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}/input.txt"
+        dm = CharTextDataModule(str(tmp_path), download=url)
+        with pytest.raises(UserError, match="Could not download") as error:
+            dm.prepare_data()
+    assert "data.path" in str(error.value)
+    assert not any((tmp_path / "text").iterdir())
+
+
+def test_missing_download_without_prepare_data_is_a_user_error(tmp_path: Path) -> None:
+    dm = CharTextDataModule(str(tmp_path), download="tiny_shakespeare")
+    with pytest.raises(UserError, match=r"tiny_shakespeare\.txt is missing"):
+        dm.setup("fit")
