@@ -1,0 +1,263 @@
+"""Language modelling around any net that maps token ids `(B, T)` to logits `(B, T, vocab_size)`."""
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.loggers import TensorBoardLogger
+from torch import nn
+from torchmetrics import MeanMetric
+from torchmetrics.text import Perplexity
+
+from kindling.data.text import Vocabulary
+from kindling.utils.errors import UserError
+
+NetFactory = Callable[..., nn.Module]  # takes vocab_size=
+OptimizerFactory = Callable[..., torch.optim.Optimizer]
+SchedulerFactory = Callable[..., torch.optim.lr_scheduler.LRScheduler]
+Batch = tuple[torch.Tensor, torch.Tensor]  # input ids (B, T), target ids (B, T)
+
+SAMPLES_FILE = "samples.txt"
+
+
+class LanguageModel(L.LightningModule):
+    """Next-token cross-entropy over every position, perplexity, and text samples while training.
+
+    Logs `train/loss`, `val/loss`, `val/ppl`, `test/loss`, `test/ppl` as torchmetrics objects.
+    At the end of each validation epoch it samples `sample_length` characters after
+    `sample_prompt`, prints them (rank 0), appends them to `samples.txt` in the run folder and
+    sends them to TensorBoard when that logger is on.
+
+    The net is built once the vocabulary is known (`configure_model`, from the data module's
+    `vocabulary`), so its size never has to be written in a config. The vocabulary is kept as a
+    buffer: a checkpoint's state_dict alone rebuilds the net (`load_state_dict`) and decodes its
+    samples.
+
+    Args:
+        net: a factory taking `vocab_size` (a Hydra `_partial_: true` config), e.g.
+            `kindling.models.LSTMLanguageModel`.
+        optimizer: a factory taking `params`.
+        scheduler: an optional factory taking `optimizer`.
+        scheduler_interval: step the scheduler every `"epoch"` or every `"step"`.
+        compile: compile the net with `torch.compile` when it is built for training.
+        compile_mode: `torch.compile` mode (`default`, `reduce-overhead`, `max-autotune`).
+        sample_prompt: text the samples start from.
+        sample_length: characters per sample; 0 turns sampling off.
+        sample_temperature: softmax temperature (0: always the most likely character).
+        sample_top_k: sample among the k most likely characters only (null: all).
+        sample_seed: seed of the samples; the same every epoch, so they differ only as the
+            model does, and sampling never touches the training random state.
+    """
+
+    def __init__(
+        self,
+        net: NetFactory,
+        optimizer: OptimizerFactory,
+        scheduler: SchedulerFactory | None = None,
+        scheduler_interval: str = "epoch",
+        compile: bool = False,
+        compile_mode: str | None = None,
+        sample_prompt: str = "\n",
+        sample_length: int = 300,
+        sample_temperature: float = 0.8,
+        sample_top_k: int | None = None,
+        sample_seed: int = 0,
+    ):
+        super().__init__()
+        # Only plain values go into checkpoints; the net, optimizer and scheduler come from config.
+        self.save_hyperparameters(ignore=["net", "optimizer", "scheduler"], logger=False)
+        self.net_factory = net
+        self.optimizer_factory = optimizer
+        self.scheduler_factory = scheduler
+        self.net: nn.Module | None = None
+        # The characters behind the ids, as code points; empty until `build`.
+        self.register_buffer("vocabulary_codepoints", torch.empty(0, dtype=torch.long))
+
+        self.train_loss, self.val_loss, self.test_loss = MeanMetric(), MeanMetric(), MeanMetric()
+        self.val_ppl, self.test_ppl = Perplexity(), Perplexity()
+
+    # ----------------------------------------------------------------------------------------
+    # Building the net for a vocabulary
+
+    def build(self, vocabulary: Vocabulary) -> None:
+        """Create the net for `vocabulary`: its size sets the embedding and output layers."""
+        self.net = self.net_factory(vocab_size=len(vocabulary))
+        self.vocabulary_codepoints = vocabulary.to_tensor()
+
+    @property
+    def vocabulary(self) -> Vocabulary:
+        if self.net is None:
+            raise RuntimeError("the net is not built yet: call build() or load a checkpoint")
+        return Vocabulary.from_tensor(self.vocabulary_codepoints)
+
+    def configure_model(self) -> None:
+        # Lightning calls this in every stage after the data module's setup: build once.
+        if self.net is not None:
+            return
+        vocabulary = getattr(self.trainer.datamodule, "vocabulary", None)
+        if vocabulary is None:
+            raise UserError(
+                "LanguageModel takes its vocabulary from the data module, and this one has none. "
+                "Use a text data module (data=text/char, e.g. via experiment=charlm)."
+            )
+        self.build(vocabulary)
+        if self.hparams.compile:
+            # In place: the state_dict keys stay the same, so checkpoints load either way.
+            self.net.compile(mode=self.hparams.compile_mode)
+
+    def load_state_dict(
+        self, state_dict: dict[str, Any], strict: bool = True, assign: bool = False
+    ) -> Any:
+        """Load weights; first build the net from the checkpoint's vocabulary if there is none."""
+        if "vocabulary_codepoints" in state_dict:
+            saved = Vocabulary.from_tensor(state_dict["vocabulary_codepoints"])
+            if self.net is None:
+                self.build(saved)
+            elif saved != self.vocabulary:
+                raise UserError(
+                    f"The checkpoint's vocabulary ({len(saved)} characters) is not the data's "
+                    f"({len(self.vocabulary)}). Resume or test with the corpus it was trained on."
+                )
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
+
+    # ----------------------------------------------------------------------------------------
+    # Training, validation, test
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        if self.net is None:
+            raise RuntimeError("the net is not built yet: call build() or load a checkpoint")
+        return self.net(tokens)
+
+    def _shared_step(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        tokens, targets = batch
+        logits = self(tokens)
+        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        return loss, logits, targets
+
+    def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
+        loss, _logits, _targets = self._shared_step(batch)
+        self.train_loss(loss)
+        self.log("train/loss", self.train_loss, on_step=False, on_epoch=True, prog_bar=True)
+        return loss
+
+    def validation_step(self, batch: Batch, batch_idx: int) -> None:
+        loss, logits, targets = self._shared_step(batch)
+        self.val_loss(loss)
+        # Perplexity takes a softmax itself; in float32, also under mixed precision.
+        self.val_ppl(logits.float(), targets)
+        self.log("val/loss", self.val_loss, on_step=False, on_epoch=True, prog_bar=True)
+        self.log("val/ppl", self.val_ppl, on_step=False, on_epoch=True, prog_bar=True)
+
+    def test_step(self, batch: Batch, batch_idx: int) -> None:
+        loss, logits, targets = self._shared_step(batch)
+        self.test_loss(loss)
+        self.test_ppl(logits.float(), targets)
+        self.log("test/loss", self.test_loss, on_step=False, on_epoch=True)
+        self.log("test/ppl", self.test_ppl, on_step=False, on_epoch=True)
+
+    def on_validation_epoch_end(self) -> None:
+        # Rank 0 only: sampling is local (no collective calls), and one copy is enough to read.
+        if self.hparams.sample_length <= 0 or not self.trainer.is_global_zero:
+            return
+        text = self.sample(
+            self.hparams.sample_prompt,
+            self.hparams.sample_length,
+            self.hparams.sample_temperature,
+            self.hparams.sample_top_k,
+            self.hparams.sample_seed,
+        )
+        when = "before training" if self.trainer.sanity_checking else f"epoch {self.current_epoch}"
+        heading = f"Sample at step {self.global_step} ({when})"
+        self.print(f"\n{heading}:\n{text}\n")
+        self._record_sample(heading, text)
+
+    def _record_sample(self, heading: str, text: str) -> None:
+        # CSV cannot hold text: every sample also goes to samples.txt in the run folder.
+        path = Path(self.trainer.default_root_dir) / SAMPLES_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a", encoding="utf-8") as f:
+            f.write(f"=== {heading}\n{text}\n\n")
+        for logger in self.loggers:
+            if isinstance(logger, TensorBoardLogger):
+                # TensorBoard reads text as Markdown: indent it into a code block to keep lines.
+                block = "\n".join("    " + line for line in text.split("\n"))
+                logger.experiment.add_text("samples", block, self.global_step)
+
+    # ----------------------------------------------------------------------------------------
+    # Sampling
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompt_ids: torch.Tensor,
+        length: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Sample `length` ids after `prompt_ids` `(B, P)`, `P >= 1`; returns them, `(B, length)`.
+
+        `temperature` divides the logits (0: take the most likely id); `top_k` keeps only the k
+        most likely ids. With a seeded `generator` (on the module's device) the result is
+        reproducible.
+        """
+        if prompt_ids.ndim != 2 or prompt_ids.shape[1] == 0:
+            raise ValueError(f"prompt_ids must be (batch, length >= 1), got {prompt_ids.shape}")
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        was_training = self.training
+        self.eval()  # no dropout while sampling
+        logits, state = self.net.forward_with_state(prompt_ids.to(self.device))
+        new_ids = []
+        for step in range(length):
+            next_logits = logits[:, -1].float()
+            if temperature == 0:
+                next_id = next_logits.argmax(dim=-1, keepdim=True)
+            else:
+                next_logits = next_logits / temperature
+                if top_k is not None and top_k < next_logits.shape[-1]:
+                    kth_largest = torch.topk(next_logits, top_k).values[:, -1:]
+                    next_logits = next_logits.masked_fill(next_logits < kth_largest, -torch.inf)
+                probs = F.softmax(next_logits, dim=-1)
+                next_id = torch.multinomial(probs, num_samples=1, generator=generator)
+            new_ids.append(next_id)
+            if step < length - 1:
+                logits, state = self.net.forward_with_state(next_id, state)
+        self.train(was_training)
+        return torch.cat(new_ids, dim=1) if new_ids else prompt_ids.new_empty(len(prompt_ids), 0)
+
+    def sample(
+        self,
+        prompt: str,
+        length: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        seed: int = 0,
+    ) -> str:
+        """`prompt` followed by `length` sampled characters; the same text for the same seed."""
+        if not prompt:
+            raise UserError("The prompt is empty: give at least one character, e.g. a newline.")
+        vocabulary = self.vocabulary
+        prompt_ids = torch.as_tensor(vocabulary.encode(prompt), device=self.device)
+        generator = torch.Generator(device=self.device).manual_seed(seed)
+        new_ids = self.generate(prompt_ids[None], length, temperature, top_k, generator)
+        return prompt + vocabulary.decode(new_ids[0])
+
+    # ----------------------------------------------------------------------------------------
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        optimizer = self.optimizer_factory(params=self.trainer.model.parameters())
+        if self.scheduler_factory is None:
+            return {"optimizer": optimizer}
+        scheduler = self.scheduler_factory(optimizer=optimizer)
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {
+                "scheduler": scheduler,
+                "interval": self.hparams.scheduler_interval,
+                "monitor": "val/loss",
+            },
+        }
