@@ -81,12 +81,13 @@ def test_ddp_config_uses_gpus_and_syncs_batch_norm(compose_config) -> None:
 
 def test_callbacks_and_loggers_are_named_entries(compose_config) -> None:
     cfg = compose_config()
-    assert set(cfg.callbacks) == {
+    assert set(cfg.callbacks) >= {
         "model_checkpoint",
         "early_stopping",
         "rich_progress_bar",
         "rich_model_summary",
         "learning_rate_monitor",
+        "stop_on_divergence",
     }
     assert cfg.callbacks.model_checkpoint.save_last is True
     assert cfg.callbacks.model_checkpoint.monitor == "val/acc"

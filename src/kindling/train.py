@@ -1,18 +1,21 @@
 """The path of a run: config -> data, model, callbacks, loggers, trainer -> fit -> test."""
 
 import logging
+import signal
 import sys
+from pathlib import Path
 
 import lightning as L
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from hydra.utils import instantiate
 from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
-from kindling.callbacks import ConfigInCheckpoint
-from kindling.utils import UserError, hydra_ddp, instantiate_group
+from kindling.callbacks import CheckpointOnInterrupt, ConfigInCheckpoint, RestoreRandomState
+from kindling.data.image import per_device_batch_size
+from kindling.utils import UserError, build, checks, hydra_ddp, instantiate_group, resume
 from kindling.utils.errors import find_user_error
 
 log = logging.getLogger(__name__)
@@ -20,6 +23,9 @@ log = logging.getLogger(__name__)
 # Run folders are named by `${run_stamp:${paths.log_dir}}` (configs/hydra/default.yaml);
 # cached, like Hydra's own `now`, so a sweep folder is named once.
 OmegaConf.register_new_resolver("run_stamp", hydra_ddp.run_stamp, use_cache=True, replace=True)
+# Resumed training continues in its checkpoint's run folder (kindling/utils/resume.py).
+OmegaConf.register_new_resolver("run_dir", resume.run_dir, replace=True)
+OmegaConf.register_new_resolver("hydra_subdir", resume.hydra_subdir, replace=True)
 # trainer=gpu_per_job gives job N of a parallel sweep its own GPU: `devices: ${job_device:}`.
 OmegaConf.register_new_resolver("job_device", hydra_ddp.job_device, replace=True)
 
@@ -35,6 +41,9 @@ def run(cfg: DictConfig) -> float | None:
     try:
         with hydra_ddp.job_environment():
             return train_and_test(cfg)
+    except SIGTERMException:
+        # Lightning stopped at the end of a step; CheckpointOnInterrupt said where it saved.
+        sys.exit(128 + signal.SIGTERM)
     except Exception as error:
         user_error = find_user_error(error)
         if user_error is not None and not _in_multirun():
@@ -44,33 +53,37 @@ def run(cfg: DictConfig) -> float | None:
 
 
 def train_and_test(cfg: DictConfig) -> float | None:
+    checkpoint = _check(cfg)
     if cfg.get("seed") is not None:  # 0 is a seed like any other
         L.seed_everything(cfg.seed, workers=True)
 
-    # _convert_="all": objects get plain lists and dicts, never OmegaConf containers, so what they
-    # save into checkpoints loads with torch.load(weights_only=True).
-    datamodule: L.LightningDataModule = instantiate(cfg.data, _convert_="all")
-    model: L.LightningModule = instantiate(cfg.model, _convert_="all")
-    loggers = instantiate_group(cfg.get("logger"))
+    datamodule: L.LightningDataModule = build(cfg.data, "data")
+    model: L.LightningModule = build(cfg.model, "model")
+    loggers = instantiate_group(cfg.get("logger"), "logger")
     config = OmegaConf.to_container(cfg, resolve=True)
-    callbacks = [*instantiate_group(cfg.get("callbacks")), ConfigInCheckpoint(config)]
+    callbacks = [
+        *instantiate_group(cfg.get("callbacks"), "callbacks"),
+        # Always on: what a checkpoint needs to be self-contained and resumable exactly.
+        ConfigInCheckpoint(config),
+        RestoreRandomState(),
+        CheckpointOnInterrupt(),
+    ]
     if not loggers:
         # LearningRateMonitor refuses to run without a logger; there is nothing to record to.
         callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
-    trainer: L.Trainer = instantiate(
-        cfg.trainer, callbacks=callbacks, logger=loggers or False, _convert_="all"
-    )
+    trainer: L.Trainer = build(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False)
 
     rank_zero_info(f"Run folder: {cfg.paths.output_dir}")
     for logger in trainer.loggers:  # Lightning calls loggers on rank 0 only
         logger.log_hyperparams(config)
 
     if cfg.get("train"):
-        trainer.fit(model=model, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+        trainer.fit(model=model, datamodule=datamodule, ckpt_path=checkpoint)
     metrics = dict(trainer.callback_metrics)
 
     if cfg.get("test"):
-        trainer.test(model=model, datamodule=datamodule, ckpt_path=_test_checkpoint(cfg, trainer))
+        best = _best_checkpoint(trainer) if cfg.get("train") else checkpoint
+        trainer.test(model=model, datamodule=datamodule, ckpt_path=best)
         metrics.update(trainer.callback_metrics)
 
     rank_zero_info(f"Run folder: {cfg.paths.output_dir}")
@@ -79,20 +92,35 @@ def train_and_test(cfg: DictConfig) -> float | None:
     return _optimized_metric(name, metrics)
 
 
+def _check(cfg: DictConfig) -> str | None:
+    """Fail on bad input before any work; return the checkpoint file to start from, if any."""
+    checks.check_accelerator(cfg.trainer)
+    if "batch_size" in cfg.data:
+        per_device_batch_size(cfg.data.batch_size, checks.requested_world_size(cfg.trainer))
+    runs_dir = Path(cfg.paths.log_dir) / cfg.task_name / "runs"
+    checkpoint = resume.resolve_checkpoint(cfg.get("ckpt_path"), runs_dir)
+    if checkpoint is not None:
+        checks.check_checkpoint(checkpoint, cfg.model)
+    elif not cfg.get("train") and cfg.get("test"):
+        raise UserError("train=false tests a checkpoint: give it with ckpt_path=<file>.")
+    return str(checkpoint) if checkpoint is not None else None
+
+
 def _in_multirun() -> bool:
     # A SystemExit would end the whole sweep; an exception lets Hydra finish the other jobs.
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
-def _test_checkpoint(cfg: DictConfig, trainer: L.Trainer) -> str | None:
-    """Test the best checkpoint of this fit, or `ckpt_path` when not training."""
-    if not cfg.get("train"):
-        return cfg.get("ckpt_path")
-    best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
-    if not best:
+def _best_checkpoint(trainer: L.Trainer) -> str | None:
+    """The best checkpoint of this fit, found again if its run folder was moved since."""
+    callback = trainer.checkpoint_callback
+    best = Path(callback.best_model_path) if callback and callback.best_model_path else None
+    if best is None:
         rank_zero_warn("No best checkpoint was saved: testing the weights at the end of training.")
         return None
-    return best
+    if not best.is_file():  # a resumed run whose folder moved: same file name, new folder
+        best = Path(callback.dirpath) / best.name
+    return str(best)
 
 
 def _optimized_metric(name: str | None, metrics: dict) -> float | None:

@@ -2,5 +2,13 @@
 
 from kindling.callbacks.config_in_checkpoint import ConfigInCheckpoint
 from kindling.callbacks.divergence import DivergenceError, StopOnDivergence
+from kindling.callbacks.interrupt import CheckpointOnInterrupt
+from kindling.callbacks.resume import RestoreRandomState
 
-__all__ = ["ConfigInCheckpoint", "DivergenceError", "StopOnDivergence"]
+__all__ = [
+    "CheckpointOnInterrupt",
+    "ConfigInCheckpoint",
+    "DivergenceError",
+    "RestoreRandomState",
+    "StopOnDivergence",
+]

@@ -15,6 +15,8 @@ Split = tuple[torch.Tensor, torch.Tensor]  # images (N, C, H, W) float in [0, 1]
 
 def per_device_batch_size(batch_size: int, world_size: int) -> int:
     """Split a global batch size evenly over `world_size` processes."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int):
+        raise UserError(f"data.batch_size must be a whole number, got {batch_size!r}.")
     if batch_size <= 0:
         raise UserError(f"data.batch_size must be a positive integer, got {batch_size}.")
     if batch_size % world_size:

@@ -52,7 +52,9 @@ class Classifier(L.LightningModule):
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")
         self.test_acc = MulticlassAccuracy(num_classes, average="micro")
         self.train_loss, self.val_loss, self.test_loss = MeanMetric(), MeanMetric(), MeanMetric()
+        # Saved in checkpoints (unlike the other metrics), so a resumed run keeps its best.
         self.val_acc_best = MaxMetric()
+        self.val_acc_best.persistent(True)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.net(images)
@@ -70,10 +72,6 @@ class Classifier(L.LightningModule):
         logits = self(images)
         loss = F.cross_entropy(logits, targets)
         return loss, logits.argmax(dim=1), targets
-
-    def on_train_start(self) -> None:
-        # The sanity-check validation must not count towards the best accuracy.
-        self.val_acc_best.reset()
 
     def training_step(
         self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int
@@ -94,6 +92,9 @@ class Classifier(L.LightningModule):
 
     def on_validation_epoch_end(self) -> None:
         # val_acc.compute() is already reduced across processes; MaxMetric keeps the best epoch.
+        # The sanity check before training is not an epoch.
+        if self.trainer.sanity_checking:
+            return
         self.val_acc_best(self.val_acc.compute())
         self.log("val/acc_best", self.val_acc_best.compute(), sync_dist=True, prog_bar=True)
 

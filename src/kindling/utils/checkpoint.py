@@ -16,7 +16,8 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise UserError(f"Checkpoint {path} does not exist. Check ckpt_path.")
     try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        # mmap: reading a large checkpoint to check it costs next to nothing.
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as error:
         raise UserError(
             f"{path} is not a readable checkpoint ({error}). Check ckpt_path."

@@ -1,0 +1,62 @@
+"""Where a resumed run continues: which checkpoint `ckpt_path=last` means, and which folder."""
+
+from pathlib import Path
+from typing import Any
+
+from kindling.utils.errors import UserError
+
+
+def find_last_checkpoint(runs_dir: str | Path) -> Path | None:
+    """The newest `checkpoints/last.ckpt` of the runs under `runs_dir`, or None."""
+    candidates = Path(runs_dir).glob("*/checkpoints/last.ckpt")
+    return max(candidates, key=lambda path: path.stat().st_mtime, default=None)
+
+
+def resolve_checkpoint(ckpt_path: str | None, runs_dir: str | Path) -> Path | None:
+    """`ckpt_path` as a file: `last` is the newest last.ckpt of this task's runs."""
+    if ckpt_path is None:
+        return None
+    if ckpt_path == "last":
+        last = find_last_checkpoint(runs_dir)
+        if last is None:
+            raise UserError(
+                f"ckpt_path=last: no run under {runs_dir} has a checkpoints/last.ckpt. "
+                "Give the checkpoint file with ckpt_path=<path>."
+            )
+        return last
+    return Path(ckpt_path)
+
+
+def checkpoint_run_folder(checkpoint: Path) -> Path | None:
+    """The run folder a checkpoint belongs to: `<run>/checkpoints/<file>.ckpt` -> `<run>`."""
+    if checkpoint.parent.name == "checkpoints" and (checkpoint.parent.parent / ".hydra").is_dir():
+        return checkpoint.parent.parent
+    return None
+
+
+def resume_folder(root: Any) -> Path | None:
+    """The run folder that a resumed training run continues in, or None for a new folder.
+
+    Resuming training (`ckpt_path` set, `train=true`) continues in the checkpoint's run folder,
+    so logs and checkpoints stay together, unless `resume_in_new_folder=true`.
+    """
+    if not (root.get("ckpt_path") and root.get("train")) or root.get("resume_in_new_folder"):
+        return None
+    runs_dir = Path(root.paths.log_dir) / root.task_name / "runs"
+    try:
+        checkpoint = resolve_checkpoint(root.ckpt_path, runs_dir)
+    except UserError:
+        return None  # kindling.train reports it, with the rest of the checks
+    return checkpoint_run_folder(checkpoint) if checkpoint.is_file() else None
+
+
+def run_dir(stamp: str, *, _root_: Any) -> str:
+    """Hydra's run folder: `hydra.run.dir: ${run_dir:<stamp>}`."""
+    folder = resume_folder(_root_)
+    return str(folder or Path(_root_.paths.log_dir) / _root_.task_name / "runs" / stamp)
+
+
+def hydra_subdir(stamp: str, *, _root_: Any) -> str:
+    """Where Hydra writes the run's config: `.hydra`, or `.hydra/resumed_<stamp>` when resuming in
+    an existing run folder, so the first run's config is never overwritten."""
+    return f".hydra/resumed_{stamp}" if resume_folder(_root_) else ".hydra"
