@@ -35,20 +35,24 @@ class RestoreRandomState(Callback):
 
     Lightning restores weights, optimizer and loop state, but not the generators that shuffle
     the data and draw dropout masks; with them, 2 epochs + resume equals 4 epochs straight.
-    They are restored at the start of the first epoch after resuming, not on load: the sanity
-    check that runs in between draws from them too.
+    The sanity-check validation before training draws from them too (each DataLoader iterator
+    takes a seed), so it is made to leave them as it found them.
     """
 
     def __init__(self) -> None:
-        self._pending: dict[str, Any] | None = None
+        self._before_sanity_check: dict[str, Any] | None = None
 
     def state_dict(self) -> dict[str, Any]:
         return {"rng": rng_states()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._pending = state_dict.get("rng")
+        if "rng" in state_dict:
+            set_rng_states(state_dict["rng"])
 
-    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self._pending is not None:
-            set_rng_states(self._pending)
-            self._pending = None
+    def on_sanity_check_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._before_sanity_check = rng_states()
+
+    def on_sanity_check_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._before_sanity_check is not None:
+            set_rng_states(self._before_sanity_check)
+            self._before_sanity_check = None

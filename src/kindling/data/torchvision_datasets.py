@@ -67,7 +67,7 @@ class MNISTDataModule(TorchvisionDataModule):
     dataset_class = datasets.MNIST
 
     def expected_files(self) -> tuple[Path, list[str]]:
-        folder = Path(self.hparams.data_dir) / self.dataset_class.__name__ / "raw"
+        folder = Path(self.hparams.data_dir).resolve() / self.dataset_class.__name__ / "raw"
         # torchvision reads the uncompressed files; the .gz files are what it downloads.
         return folder, [name.removesuffix(".gz") for name, _md5 in self.dataset_class.resources]
 
@@ -85,6 +85,6 @@ class CIFAR10DataModule(TorchvisionDataModule):
 
     def expected_files(self) -> tuple[Path, list[str]]:
         cls = self.dataset_class
-        folder = Path(self.hparams.data_dir) / cls.base_folder
+        folder = Path(self.hparams.data_dir).resolve() / cls.base_folder
         names = [name for name, _md5 in cls.train_list + cls.test_list] + [cls.meta["filename"]]
         return folder, names

@@ -1,11 +1,14 @@
 """Load a kindling checkpoint with nothing but the file: its config rebuilds the module."""
 
+import os
+import re
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
 from hydra.utils import instantiate
+from lightning.fabric.plugins import TorchCheckpointIO
 
 from kindling.utils.errors import UserError
 
@@ -36,5 +39,28 @@ def load_module(path: str | Path) -> tuple[L.LightningModule, dict[str, Any]]:
     if "config" not in checkpoint:
         raise UserError(f"{path} has no stored config: it was not written by kindling's train.py.")
     module = instantiate(checkpoint["config"]["model"], _convert_="all")
-    module.load_state_dict(checkpoint["state_dict"])
+    module.load_state_dict(without_compile_prefix(checkpoint["state_dict"]))
     return module.eval(), checkpoint
+
+
+def without_compile_prefix(state_dict: dict[str, Any]) -> dict[str, Any]:
+    """Drop the `_orig_mod.` that a `torch.compile` wrapper puts into parameter names, so weights
+    of a compiled net load into a plain one. (kindling compiles in place and adds none.)"""
+    return {re.sub(r"(^|\.)_orig_mod\.", r"\1", key): value for key, value in state_dict.items()}
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Write each checkpoint to `<name>.tmp`, then rename it into place.
+
+    A process killed while writing (SIGKILL, out of memory, a node failure) leaves the previous
+    `last.ckpt` whole instead of a truncated file that breaks the next resume: a rename within
+    a folder is atomic.
+    """
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None
+    ) -> None:
+        path = Path(path)
+        partial = path.with_name(path.name + ".tmp")
+        super().save_checkpoint(checkpoint, partial, storage_options)
+        os.replace(partial, path)

@@ -1,9 +1,13 @@
 """Checks of the config that fail fast, with a message that names the problem and the fix."""
 
+import os
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig
+from hydra import compose
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
 
 from kindling.utils.checkpoint import read_checkpoint
 from kindling.utils.errors import UserError
@@ -45,6 +49,14 @@ def check_accelerator(trainer: DictConfig) -> None:
                 f"trainer.devices={devices} asks for {wanted} GPUs; this machine has {available}. "
                 f"Use trainer.devices={available} (or fewer)."
             )
+    if accelerator == "cpu":
+        devices = trainer.get("devices", 1)
+        cores = os.cpu_count() or 1
+        if isinstance(devices, int) and devices > cores:
+            raise UserError(
+                f"trainer.devices={devices} asks for {devices} CPU processes; this machine has "
+                f"{cores} cores. Use trainer.devices={min(2, cores)}."
+            )
     if accelerator == "mps" and not torch.backends.mps.is_available():
         raise UserError("trainer.accelerator=mps but MPS is not available. Use trainer=cpu.")
 
@@ -59,3 +71,30 @@ def check_checkpoint(path: Path, model: DictConfig) -> None:
             f"{path} holds a {stored.rsplit('.', 1)[-1]}, but this run builds a "
             f"{wanted.rsplit('.', 1)[-1]}. Choose the matching model= option, or another ckpt_path."
         )
+
+
+def check_value_types(cfg: DictConfig) -> None:
+    """A command-line value that is not a number where the config's own value is one.
+
+    `trainer.max_epochs=abc` would otherwise fail deep inside Lightning. The config is composed
+    again with the same group choices but without value overrides, to learn each key's type.
+    """
+    if not (HydraConfig.initialized() and GlobalHydra.instance().is_initialized()):
+        return
+    hydra_cfg = HydraConfig.get()
+    groups = set(hydra_cfg.runtime.choices)
+    choices, values = [], {}
+    for override in hydra_cfg.overrides.task:
+        key, _, value = override.partition("=")
+        if key.lstrip("+~") in groups:
+            choices.append(override)
+        elif not key.startswith(("+", "~")):
+            values[key] = value
+    if not values:
+        return
+    defaults = compose(config_name=hydra_cfg.job.config_name, overrides=choices)
+    for key, given in values.items():
+        default = OmegaConf.select(defaults, key, throw_on_resolution_failure=False)
+        expects_number = isinstance(default, int | float) and not isinstance(default, bool)
+        if expects_number and not isinstance(OmegaConf.select(cfg, key), int | float):
+            raise UserError(f"{key} must be a number (its default is {default}), got {given!r}.")

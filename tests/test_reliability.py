@@ -1,0 +1,204 @@
+"""Resume, pre-emption, checkpoints that load anywhere, and clear errors for bad input."""
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import open_dict
+
+from kindling.models import CNNClassifier
+from kindling.train import run
+from kindling.utils.checkpoint import AtomicCheckpointIO, load_module, without_compile_prefix
+
+from conftest import ROOT
+
+QUIET = ["callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null"]
+REPRODUCIBLE = ["trainer=cpu", "trainer.deterministic=true", "seed=7", "test=false", *QUIET]
+
+
+def metrics_csv(run_dir: Path) -> list[dict[str, str]]:
+    import csv
+
+    with open(run_dir / "csv" / "metrics.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def last(rows: list[dict[str, str]], name: str) -> float:
+    return float([r[name] for r in rows if r.get(name)][-1])
+
+
+def in_folder(cfg, folder: Path):
+    with open_dict(cfg):
+        cfg.paths.output_dir = str(folder)
+    return cfg
+
+
+@pytest.mark.slow
+def test_resume_gives_the_same_numbers_as_a_straight_run(compose_config, tmp_path: Path) -> None:
+    """4 epochs straight == 2 epochs, then resume to 4: same val/loss and the same weights."""
+    common = [*REPRODUCIBLE, "debug=limit", "model.scheduler.T_max=4"]
+    run(in_folder(compose_config(*common, "trainer.max_epochs=4"), tmp_path / "straight"))
+    run(in_folder(compose_config(*common, "trainer.max_epochs=2"), tmp_path / "resumed"))
+    checkpoint = tmp_path / "resumed" / "checkpoints" / "last.ckpt"
+    run(
+        in_folder(
+            compose_config(*common, "trainer.max_epochs=4", f"ckpt_path={checkpoint}"),
+            tmp_path / "resumed",
+        )
+    )
+    straight, resumed = metrics_csv(tmp_path / "straight"), metrics_csv(tmp_path / "resumed")
+    assert last(resumed, "epoch") == last(straight, "epoch") == 3
+    assert last(resumed, "val/loss") == pytest.approx(last(straight, "val/loss"), abs=1e-6)
+    assert last(resumed, "val/acc_best") == last(straight, "val/acc_best")
+    weights = [
+        torch.load(tmp_path / name / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+        for name in ("straight", "resumed")
+    ]
+    for key, tensor in weights[0].items():
+        torch.testing.assert_close(weights[1][key], tensor, rtol=0, atol=1e-6, msg=key)
+
+
+def test_test_only_run_reports_the_training_runs_test_accuracy(compose_config, tmp_path) -> None:
+    run(in_folder(compose_config("debug=limit", "trainer=cpu", *QUIET), tmp_path / "trained"))
+    trained = last(metrics_csv(tmp_path / "trained"), "test/acc")
+    best = next((tmp_path / "trained" / "checkpoints").glob("epoch_*.ckpt"))
+    cfg = compose_config("train=false", f"ckpt_path={best}", "debug=limit", "trainer=cpu", *QUIET)
+    run(in_folder(cfg, tmp_path / "tested"))
+    assert last(metrics_csv(tmp_path / "tested"), "test/acc") == pytest.approx(trained)
+
+
+def test_checkpoints_load_with_weights_only_and_without_compile_prefixes(
+    compose_config, tmp_path
+) -> None:
+    run(in_folder(compose_config("debug=limit", "trainer=cpu", *QUIET), tmp_path / "run"))
+    path = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    checkpoint = torch.load(path, weights_only=True)  # raises on any non-plain object
+    assert isinstance(checkpoint["config"], dict)
+    # A net compiled with the torch.compile wrapper names its weights `_orig_mod.<name>`.
+    compiled_names = {
+        k.replace("net.", "net._orig_mod.", 1): v for k, v in checkpoint["state_dict"].items()
+    }
+    assert any("_orig_mod" in k for k in compiled_names)
+    assert without_compile_prefix(compiled_names).keys() == checkpoint["state_dict"].keys()
+    module, _ = load_module(path)
+    assert not module.training
+
+
+def test_compiling_in_place_keeps_the_checkpoint_keys() -> None:
+    net = CNNClassifier(image_shape=(1, 8, 8), num_classes=10)
+    keys = set(net.state_dict())
+    net.compile()  # what Classifier(compile=true) does; compilation itself is lazy
+    assert set(net.state_dict()) == keys
+
+
+def test_a_failed_write_keeps_the_previous_checkpoint(tmp_path: Path, monkeypatch) -> None:
+    io = AtomicCheckpointIO()
+    path = tmp_path / "last.ckpt"
+    io.save_checkpoint({"step": torch.tensor(1)}, path)
+
+    def killed_midway(obj, f, *args, **kwargs) -> None:
+        f.write(b"PK\x03\x04 half a checkpoint")
+        raise KeyboardInterrupt  # stands in for a SIGKILL during the write
+
+    monkeypatch.setattr(torch, "save", killed_midway)
+    with pytest.raises(KeyboardInterrupt):
+        io.save_checkpoint({"step": torch.tensor(2)}, path)
+    monkeypatch.undo()
+    assert torch.load(path, weights_only=True)["step"] == 1
+
+
+def start_train_py(*args: str, cwd: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "train.py"), *args],
+        cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 1)])
+def test_interrupted_run_saves_a_checkpoint_and_resumes(tmp_path: Path, sig, code) -> None:
+    args = ["trainer=cpu", "trainer.max_epochs=200", "callbacks.early_stopping=null", *QUIET]
+    process = start_train_py(*args, "hydra.run.dir=run", cwd=tmp_path)
+    checkpoints = tmp_path / "run" / "checkpoints"
+    deadline = time.monotonic() + 120
+    while not list(checkpoints.glob("epoch_*.ckpt")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    process.send_signal(sig)
+    sent = time.monotonic()
+    output, _ = process.communicate(timeout=60)
+    assert process.returncode == code, output[-3000:]
+    assert time.monotonic() - sent < 10, "a stop should take seconds, not the rest of the epoch"
+    assert f"Resume with: python train.py ckpt_path={checkpoints / 'last.ckpt'}" in output
+    interrupted = torch.load(checkpoints / "last.ckpt", weights_only=True)
+    assert 0 < interrupted["epoch"] < 199
+
+    resumed = start_train_py(
+        *args[:1], "trainer.max_epochs=" + str(interrupted["epoch"] + 2), *args[2:],
+        f"ckpt_path={checkpoints / 'last.ckpt'}", cwd=tmp_path,
+    )  # fmt: skip
+    output, _ = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, output[-3000:]
+    assert "Restored all states" in output
+    # The resumed run continued in the interrupted run's folder.
+    validated = [int(r["epoch"]) for r in metrics_csv(tmp_path / "run") if r["val/loss"]]
+    assert validated[-1] == interrupted["epoch"] + 1
+
+
+BAD_INPUT = {
+    "unknown model": (["model=resnet"], "Available options in 'model'"),
+    "gpu without CUDA": (["trainer=gpu"], "CUDA is not available on this machine"),
+    "cuda without CUDA": (["trainer.accelerator=cuda"], "Use trainer=cpu"),
+    "too many devices": (["trainer.accelerator=cpu", "trainer.devices=512"], "512 CPU processes"),
+    "missing checkpoint": (["ckpt_path=nowhere.ckpt"], "nowhere.ckpt does not exist"),
+    "zero batch size": (["data.batch_size=0"], "must be a positive integer, got 0"),
+    "negative batch size": (["data.batch_size=-8"], "must be a positive integer, got -8"),
+    "batch over world size": (
+        ["trainer.accelerator=cpu", "trainer.devices=2", "data.batch_size=63"],
+        "must divide evenly over 2 processes",
+    ),
+    "non-numeric value": (["model.optimizer.lr=fast"], "model.optimizer.lr must be a number"),
+    "data missing offline": (["data=mnist", "data.download=false"], "MNIST/raw"),
+    "test without checkpoint": (["train=false"], "give it with ckpt_path=<file>"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", BAD_INPUT)
+def test_bad_input_gives_a_short_clear_error(tmp_path: Path, case: str) -> None:
+    args, message = BAD_INPUT[case]
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), *args, "hydra.run.dir=run"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert message in output, output[-2000:]
+    assert "Traceback" not in output
+    assert not (tmp_path / "run" / "checkpoints").exists()  # nothing trained, nothing written
+
+
+@pytest.mark.slow
+def test_checkpoints_of_another_model_and_other_files_are_refused(tmp_path: Path) -> None:
+    trained = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), "debug=limit", "trainer=cpu", *QUIET,
+         "hydra.run.dir=cnn"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    (tmp_path / "notes.ckpt").write_text("not a checkpoint")
+    cases = {
+        "model=lstm ckpt_path=cnn/checkpoints/last.ckpt": "holds a CNNClassifier, but this run",
+        "ckpt_path=notes.ckpt": "notes.ckpt is not a readable checkpoint",
+    }
+    for args, message in cases.items():
+        result = subprocess.run(
+            [sys.executable, str(ROOT / "train.py"), *args.split(), "hydra.run.dir=other"],
+            cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        output = result.stdout + result.stderr
+        assert result.returncode != 0 and message in output, output[-2000:]
+        assert "Traceback" not in output
