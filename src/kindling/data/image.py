@@ -2,6 +2,7 @@
 
 from abc import abstractmethod
 from collections.abc import Sequence
+from typing import Any
 
 import lightning as L
 import torch
@@ -63,6 +64,9 @@ class ImageDataModule(L.LightningDataModule):
         per_device_batch_size(batch_size, 1)  # fail at construction on a non-positive size
         if not 0.0 < val_fraction < 1.0:
             raise UserError(f"data.val_fraction must be between 0 and 1, got {val_fraction}.")
+        # Per-channel statistics of the training split, saved in checkpoints for prediction.
+        self.mean: torch.Tensor | None = None
+        self.std: torch.Tensor | None = None
         self.data_train: TensorDataset | None = None
         self.data_val: TensorDataset | None = None
         self.data_test: TensorDataset | None = None
@@ -89,17 +93,23 @@ class ImageDataModule(L.LightningDataModule):
         val_idx, train_idx = order[:num_val], order[num_val:]
 
         # Statistics of the training part only: nothing from validation or test leaks in.
-        mean = train_images[train_idx].mean(dim=(0, 2, 3), keepdim=True)
-        std = train_images[train_idx].std(dim=(0, 2, 3), keepdim=True).clamp_min(1e-6)
+        self.mean = train_images[train_idx].mean(dim=(0, 2, 3), keepdim=True)
+        self.std = train_images[train_idx].std(dim=(0, 2, 3), keepdim=True).clamp_min(1e-6)
+        train, val = train_images[train_idx], train_images[val_idx]
+        self.data_train = TensorDataset(self.standardise(train), train_labels[train_idx])
+        self.data_val = TensorDataset(self.standardise(val), train_labels[val_idx])
+        self.data_test = TensorDataset(self.standardise(test_images), test_labels)
 
-        def standardise(images: torch.Tensor) -> torch.Tensor:
-            return (images - mean) / std
+    def standardise(self, images: torch.Tensor) -> torch.Tensor:
+        """Images in [0, 1] -> what the model was trained on."""
+        return (images - self.mean) / self.std
 
-        self.data_train = TensorDataset(
-            standardise(train_images[train_idx]), train_labels[train_idx]
-        )
-        self.data_val = TensorDataset(standardise(train_images[val_idx]), train_labels[val_idx])
-        self.data_test = TensorDataset(standardise(test_images), test_labels)
+    def state_dict(self) -> dict[str, Any]:
+        # Lightning stores this in every checkpoint: prediction needs no training data.
+        return {"mean": self.mean, "std": self.std}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.mean, self.std = state_dict["mean"], state_dict["std"]
 
     def _check(self, images: torch.Tensor, labels: torch.Tensor) -> None:
         expected = tuple(self.hparams.image_shape)

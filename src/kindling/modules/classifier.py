@@ -105,6 +105,11 @@ class Classifier(L.LightningModule):
         self.log("test/loss", self.test_loss, on_step=False, on_epoch=True)
         self.log("test/acc", self.test_acc, on_step=False, on_epoch=True)
 
+    def predict_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        """Class probabilities `(B, num_classes)`; a batch is images, or (images, labels)."""
+        images = batch[0] if isinstance(batch, list | tuple) else batch
+        return self(images).softmax(dim=-1)
+
     def configure_optimizers(self) -> dict[str, Any]:
         optimizer = self.optimizer_factory(params=self.trainer.model.parameters())
         if self.scheduler_factory is None:

@@ -1,0 +1,92 @@
+"""Predicting from a checkpoint alone: a folder of image files, or a data set split, to CSV."""
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from sklearn.datasets import load_digits
+from torchvision.io import write_png
+
+from kindling.predict import PredictArgs, predict
+from kindling.train import run
+
+QUIET = ["callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null"]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    from conftest import CONFIG_DIR
+
+    folder = tmp_path_factory.mktemp("trained")
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("train", ["trainer=cpu", "test=false", *QUIET], return_hydra_config=True)
+    GlobalHydra.instance().clear()
+    HydraConfig().set_config(cfg)
+    with open_dict(cfg):
+        del cfg["hydra"]
+        cfg.paths.output_dir = str(folder)
+        cfg.trainer.max_epochs = 4
+    run(cfg)
+    return folder / "checkpoints" / "last.ckpt"
+
+
+def read_rows(path: Path) -> list[dict[str, str]]:
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def test_predicts_a_folder_of_image_files(checkpoint: Path, tmp_path: Path) -> None:
+    digits = load_digits()
+    folder = tmp_path / "images"
+    (folder / "nested").mkdir(parents=True)
+    for i in range(40):
+        pixels = torch.tensor(digits.images[i] * 255 / 16).round().to(torch.uint8)[None]
+        # 16x16 files: prediction resizes them to the model's 8x8.
+        big = pixels.repeat_interleave(2, dim=1).repeat_interleave(2, dim=2)
+        write_png(big, str(folder / ("nested" if i % 2 else "") / f"digit_{i:02d}.png"))
+    (folder / "notes.txt").write_text("not an image")
+
+    output = predict(
+        PredictArgs(ckpt_path=str(checkpoint), input=str(folder), output=str(tmp_path / "p.csv"))
+    )
+    rows = read_rows(output)
+    assert len(rows) == 40
+    assert all(0.0 <= float(r["probability"]) <= 1.0 for r in rows)
+    # The model learnt the digits: its predictions on the files match the labels.
+    by_name = {Path(r["file"]).name: int(r["class"]) for r in rows}
+    correct = sum(by_name[f"digit_{i:02d}.png"] == digits.target[i] for i in range(40))
+    assert correct >= 34
+
+
+def test_predicts_a_data_set_split(checkpoint: Path, tmp_path: Path) -> None:
+    output = predict(
+        PredictArgs(ckpt_path=str(checkpoint), input="test", output=str(tmp_path / "t.csv"))
+    )
+    rows = read_rows(output)
+    assert len(rows) == 359  # the digits test split
+    assert {int(r["class"]) for r in rows} <= set(range(10))
+
+
+def test_command_line_errors_are_short(checkpoint: Path, tmp_path: Path) -> None:
+    cases = {
+        (f"ckpt_path={checkpoint}",): "Missing mandatory value: input",
+        (f"ckpt_path={checkpoint}", "input=nowhere"): "input=nowhere is not a folder",
+        ("ckpt_path=missing.ckpt", "input=test"): "missing.ckpt does not exist",
+        (f"ckpt_path={checkpoint}", "input=test", "batch_size=many"): "batch_size",
+    }
+    for args, message in cases.items():
+        result = subprocess.run(
+            [sys.executable, "-m", "kindling.predict", *args],
+            cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert result.returncode == 1
+        assert message in result.stderr and "Traceback" not in result.stderr, result.stderr
