@@ -9,6 +9,7 @@ import torch
 from lightning.pytorch.accelerators import CUDAAccelerator
 from torch.utils.data import DataLoader, TensorDataset
 
+from kindling.data.device_loader import DeviceTensorLoader
 from kindling.utils.errors import UserError
 
 Split = tuple[torch.Tensor, torch.Tensor]  # images (N, C, H, W) float in [0, 1], labels (N,) int64
@@ -45,6 +46,8 @@ class ImageDataModule(L.LightningDataModule):
         pin_memory: page-locked host batches for faster copies (used only on CUDA).
         persistent_workers: keep workers alive between epochs (when `num_workers > 0`).
         seed: seed of the validation split, independent of the run's seed.
+        on_device: keep the whole data set on the training device (one copy at the start) and
+            serve batches there with `DeviceTensorLoader`, instead of DataLoader workers.
     """
 
     def __init__(
@@ -58,6 +61,7 @@ class ImageDataModule(L.LightningDataModule):
         pin_memory: bool = True,
         persistent_workers: bool = True,
         seed: int = 0,
+        on_device: bool = False,
     ):
         super().__init__()
         self.save_hyperparameters(logger=False)
@@ -124,9 +128,22 @@ class ImageDataModule(L.LightningDataModule):
                 f"num_classes={self.hparams.num_classes}. Fix data.num_classes."
             )
 
-    def _loader(self, dataset: TensorDataset | None, shuffle: bool) -> DataLoader:
+    def _loader(
+        self, dataset: TensorDataset | None, shuffle: bool
+    ) -> DataLoader | DeviceTensorLoader:
         if dataset is None:
             raise RuntimeError("call setup() before asking for a data loader")
+        if self.hparams.on_device and self.trainer is not None:
+            # The Trainer's strategy moves the tensors: it knows this process's device.
+            tensors = self.trainer.strategy.batch_to_device(dataset.tensors)
+            return DeviceTensorLoader(
+                tensors,
+                self.batch_size_per_device,
+                shuffle=shuffle,
+                rank=self.trainer.global_rank,
+                world_size=self.trainer.world_size,
+                seed=self.hparams.seed,
+            )
         on_cuda = self.trainer is not None and isinstance(self.trainer.accelerator, CUDAAccelerator)
         workers = self.hparams.num_workers
         return DataLoader(

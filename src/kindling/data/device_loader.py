@@ -1,0 +1,62 @@
+"""Batches of an in-memory data set that lives on the training device: no workers, no copies."""
+
+from collections.abc import Iterator
+
+import torch
+
+
+class DeviceTensorLoader:
+    """Shuffle and slice tensors where they are (on the GPU, after one copy of the whole set).
+
+    For data sets that fit in device memory (digits, MNIST, Fashion-MNIST, CIFAR-10), this
+    replaces a DataLoader: each batch is an index into tensors already on the device, so no
+    step waits for a host-to-device copy or a worker process.
+
+    With several processes, every rank draws the same permutation (seeded by `seed` and the
+    epoch) and takes every `world_size`-th index from `rank` on, like `DistributedSampler`;
+    the tail that does not divide evenly is dropped so that all ranks run the same steps.
+    """
+
+    def __init__(
+        self,
+        tensors: tuple[torch.Tensor, ...],
+        batch_size: int,
+        shuffle: bool = False,
+        drop_last: bool = False,
+        rank: int = 0,
+        world_size: int = 1,
+        seed: int = 0,
+    ):
+        self.tensors = tensors
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.drop_last = drop_last
+        self.rank, self.world_size = rank, world_size
+        self.seed = seed
+        self.epoch = 0
+        # Lightning calls `loader.sampler.set_epoch(epoch)` at the start of every epoch, as it
+        # does for a DistributedSampler: a resumed run shuffles like an uninterrupted one.
+        self.sampler = self
+        self.batch_sampler = None  # read by Lightning's checks, as on a DataLoader
+        self.num_samples = len(tensors[0]) // world_size  # per rank
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        if self.drop_last:
+            return self.num_samples // self.batch_size
+        return -(-self.num_samples // self.batch_size)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
+        device = self.tensors[0].device
+        total = self.num_samples * self.world_size
+        if self.shuffle:
+            generator = torch.Generator(device=device).manual_seed(self.seed + self.epoch)
+            order = torch.randperm(len(self.tensors[0]), device=device, generator=generator)
+        else:
+            order = torch.arange(len(self.tensors[0]), device=device)
+        mine = order[:total][self.rank :: self.world_size]
+        for start in range(0, len(self) * self.batch_size, self.batch_size):
+            index = mine[start : start + self.batch_size]
+            yield tuple(t[index] for t in self.tensors)
