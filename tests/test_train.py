@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from kindling.callbacks import DivergenceError
 from kindling.train import run, train_and_test
@@ -151,3 +152,25 @@ def test_checkpoint_alone_rebuilds_the_model(compose_config, tmp_path) -> None:
     weights = torch.load(path, weights_only=True)["state_dict"]
     for name, tensor in module.state_dict().items():
         torch.testing.assert_close(tensor, weights[name])
+
+
+def test_throughput_callback_logs_samples_per_second_and_counts_flops(compose_config) -> None:
+    from kindling.callbacks.throughput import count_flops
+    from kindling.models import CNNClassifier
+    from kindling.modules import Classifier
+
+    cfg = compose_config("callbacks=[default,throughput]", "callbacks.throughput.window_size=2",
+                         "callbacks.throughput.peak_flops=1e12", "debug=limit", "trainer=cpu",
+                         "trainer.log_every_n_steps=1", *QUIET)  # fmt: skip
+    run(cfg)
+    rows = read_metrics(Path(cfg.paths.output_dir))
+    assert last_value(rows, "train/device/samples_per_sec") > 0
+    mfu = last_value(rows, "train/device/mfu")
+    assert 0 < mfu < 1  # a CPU against a made-up 1 TFLOP/s peak
+    # A product of k terms is 2k FLOPs forward; backward is twice that, less the gradient of
+    # the input image, which nothing needs.
+    module = Classifier(CNNClassifier((1, 8, 8), 10, channels=[4]), 10, optimizer=None)
+    flops = count_flops(module, (torch.zeros(16, 1, 8, 8), torch.zeros(16)))
+    first_conv, second_conv = 16 * 2 * 8 * 8 * 4 * 9 * 1, 16 * 2 * 8 * 8 * 4 * 9 * 4
+    head = 16 * 2 * 4 * 10
+    assert flops == 3 * (first_conv + second_conv + head) - first_conv

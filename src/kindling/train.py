@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import lightning as L
+import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from lightning.pytorch.callbacks import LearningRateMonitor
@@ -56,6 +57,8 @@ def train_and_test(cfg: DictConfig) -> float | None:
     checkpoint = _check(cfg)
     if cfg.get("seed") is not None:  # 0 is a seed like any other
         L.seed_everything(cfg.seed, workers=True)
+    if cfg.get("float32_matmul_precision"):
+        torch.set_float32_matmul_precision(cfg.float32_matmul_precision)
 
     datamodule: L.LightningDataModule = build(cfg.data, "data")
     model: L.LightningModule = build(cfg.model, "model")

@@ -1,0 +1,59 @@
+"""Samples per second and model FLOPs utilisation (MFU), on Lightning's ThroughputMonitor."""
+
+import copy
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.fabric.utilities.throughput import measure_flops
+from lightning.pytorch.callbacks import ThroughputMonitor
+from lightning.pytorch.utilities import rank_zero_info
+
+
+def batch_length(batch: Any) -> int:
+    """The number of samples in a batch: the first dimension of its first tensor."""
+    return len(batch[0] if isinstance(batch, list | tuple) else batch)
+
+
+class ThroughputWithMFU(ThroughputMonitor):
+    """Logs `train|validate/samples_per_sec`, `.../batches_per_sec` and, when the GPU's peak is
+    known, `.../mfu` (model FLOPs per second over the peak).
+
+    FLOPs per batch (forward + backward) are counted once on the meta device with
+    `measure_flops`, from the shape of the first training batch, unless the LightningModule
+    already has a `flops_per_batch`. Lightning's table of peak FLOPs does not know every device
+    name (an H200 reports "NVIDIA H200"): `peak_flops` (per device, for the run's precision) sets
+    it; without either, samples/s are logged and MFU is not.
+
+    The monitor synchronises the GPU every step to read its clock: turn it on to measure, not
+    for every run.
+    """
+
+    def __init__(self, peak_flops: float | None = None, window_size: int = 50, **kwargs: Any):
+        super().__init__(batch_size_fn=batch_length, window_size=window_size, **kwargs)
+        self.peak_flops = peak_flops
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        if self.peak_flops:
+            self.available_flops = int(self.peak_flops)
+            for throughput in self._throughputs.values():
+                throughput.available_flops = self.available_flops
+        if self.available_flops is None:
+            rank_zero_info("Peak FLOPs of this device unknown: MFU is not logged (set peak_flops).")
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if not hasattr(pl_module, "flops_per_batch"):
+            pl_module.flops_per_batch = count_flops(pl_module, batch)
+            rank_zero_info(f"FLOPs per batch (forward + backward): {pl_module.flops_per_batch:.3e}")
+
+
+def count_flops(pl_module: L.LightningModule, batch: Any) -> int:
+    """Forward + backward FLOPs of `pl_module` on a batch shaped like `batch` (meta tensors)."""
+    inputs = batch[0] if isinstance(batch, list | tuple) else batch
+    with torch.device("meta"):
+        model = copy.deepcopy(pl_module).to("meta")  # shapes only: no memory, no compute
+        meta_inputs = torch.empty(inputs.shape, dtype=inputs.dtype)
+    return measure_flops(model, lambda: model(meta_inputs), loss_fn=torch.Tensor.sum)

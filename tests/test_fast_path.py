@@ -1,0 +1,72 @@
+"""The GPU fast-path switches change speed, not results: checked on the CPU where they can be."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import open_dict
+
+from kindling.train import run
+
+BASE = [
+    "trainer=cpu",
+    "debug=limit",
+    "test=false",
+    "seed=3",
+    "model.net.dropout=0.0",
+    "callbacks.rich_progress_bar=null",
+    "callbacks.rich_model_summary=null",
+]
+
+
+def train_losses(compose_config, folder: Path, *overrides: str) -> list[float]:
+    import csv
+
+    cfg = compose_config(*BASE, *overrides)
+    with open_dict(cfg):
+        cfg.paths.output_dir = str(folder)
+    run(cfg)
+    with open(folder / "csv" / "metrics.csv") as f:
+        return [float(r["train/loss"]) for r in csv.DictReader(f) if r["train/loss"]]
+
+
+def test_channels_last_gives_the_same_loss_curve(compose_config, tmp_path: Path) -> None:
+    plain = train_losses(compose_config, tmp_path / "plain")
+    nhwc = train_losses(compose_config, tmp_path / "nhwc", "model.channels_last=true")
+    assert len(plain) == len(nhwc) == 3
+    # Same math; other kernels sum in another order, so the last bits differ.
+    assert nhwc == pytest.approx(plain, rel=1e-3)
+
+
+def test_bf16_mixed_precision_follows_the_float32_curve(compose_config, tmp_path: Path) -> None:
+    fp32 = train_losses(compose_config, tmp_path / "fp32")
+    bf16 = train_losses(compose_config, tmp_path / "bf16", "trainer.precision=bf16-mixed")
+    # bf16 keeps 8 bits of mantissa: close, not equal.
+    assert bf16 == pytest.approx(fp32, rel=0.05)
+    assert bf16[-1] < bf16[0]
+
+
+def test_channels_last_module_stores_nhwc_weights(compose_config) -> None:
+    from hydra.utils import instantiate
+
+    module = instantiate(compose_config("model.channels_last=true").model, _convert_="all")
+    module.setup("fit")
+    conv = next(m for m in module.net.modules() if isinstance(m, torch.nn.Conv2d))
+    assert conv.weight.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_mnist_fast_uses_every_switch(compose_config) -> None:
+    cfg = compose_config("experiment=mnist_fast")
+    assert cfg.data.on_device and cfg.model.compile and cfg.model.channels_last
+    assert cfg.trainer.precision == "bf16-mixed" and cfg.trainer.benchmark
+    assert cfg.float32_matmul_precision == "high"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_fast_path_on_the_gpu(compose_config, tmp_path: Path) -> None:
+    losses = train_losses(
+        compose_config, tmp_path / "gpu", "trainer=gpu", "data.on_device=true",
+        "model.channels_last=true", "model.compile=true", "trainer.precision=bf16-mixed",
+    )  # fmt: skip
+    assert losses[-1] < losses[0]
