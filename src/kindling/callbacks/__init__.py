@@ -1,6 +1,7 @@
 """Callbacks Lightning does not already provide. The default set is built from Lightning's own."""
 
 from kindling.callbacks.config_in_checkpoint import ConfigInCheckpoint
+from kindling.callbacks.device_report import DeviceReport
 from kindling.callbacks.divergence import DivergenceError, StopOnDivergence
 from kindling.callbacks.interrupt import CheckpointOnInterrupt
 from kindling.callbacks.resume import RestoreRandomState
@@ -8,6 +9,7 @@ from kindling.callbacks.resume import RestoreRandomState
 __all__ = [
     "CheckpointOnInterrupt",
     "ConfigInCheckpoint",
+    "DeviceReport",
     "DivergenceError",
     "RestoreRandomState",
     "StopOnDivergence",

@@ -1,0 +1,121 @@
+"""What this machine offers for training: torch and CUDA versions, GPUs, their memory, and the
+`trainer=` option that fits it. `python -m kindling.device_report` prints it; so does the
+`DeviceReport` callback at the start of every fit."""
+
+import os
+from dataclasses import dataclass, field
+
+import torch
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+GIB = 1024**3
+
+
+@dataclass
+class GPU:
+    """One CUDA device as torch sees it (indices count only the visible devices)."""
+
+    index: int
+    name: str
+    capability: tuple[int, int]
+    total_bytes: int
+    allocated_bytes: int  # held by tensors of this process
+    reserved_bytes: int  # held by this process's caching allocator (>= allocated)
+
+
+@dataclass
+class DeviceInfo:
+    torch_version: str
+    cuda_build: str | None  # CUDA version torch was built with; None for a CPU-only build
+    cudnn_version: int | None
+    cuda_available: bool
+    cuda_visible_devices: str | None  # None: the variable is not set, so every GPU is visible
+    mps_available: bool
+    gpus: list[GPU] = field(default_factory=list)
+
+    @property
+    def recommended_trainer(self) -> str:
+        """The `trainer=` config option for this machine: ddp, gpu, mps or cpu."""
+        if len(self.gpus) > 1:
+            return "ddp"
+        if self.gpus:
+            return "gpu"
+        if self.mps_available:
+            return "mps"
+        return "cpu"
+
+    @property
+    def recommended_overrides(self) -> str:
+        """The command-line overrides that use every GPU (configs/trainer/ddp.yaml asks for 2)."""
+        overrides = f"trainer={self.recommended_trainer}"
+        if len(self.gpus) > 2:
+            overrides += f" trainer.devices={len(self.gpus)}"
+        return overrides
+
+
+def collect_device_info() -> DeviceInfo:
+    """Ask torch about this machine. Reads memory counters only where CUDA is initialised already,
+    so a report never creates a CUDA context of its own."""
+    # Looked up on torch.cuda at call time (not imported by name) so tests can fake GPUs.
+    cuda = torch.cuda
+    available = cuda.is_available()
+    gpus = []
+    for index in range(cuda.device_count() if available else 0):
+        total = cuda.get_device_properties(index).total_memory
+        gpus.append(
+            GPU(
+                index=index,
+                name=cuda.get_device_name(index),
+                capability=tuple(cuda.get_device_capability(index)),
+                total_bytes=total,
+                allocated_bytes=cuda.memory_allocated(index),
+                reserved_bytes=cuda.memory_reserved(index),
+            )
+        )
+    return DeviceInfo(
+        torch_version=torch.__version__,
+        cuda_build=torch.version.cuda,
+        cudnn_version=torch.backends.cudnn.version() if available else None,
+        cuda_available=available,
+        cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+        mps_available=torch.backends.mps.is_available(),
+        gpus=gpus,
+    )
+
+
+def _gib(n_bytes: int) -> str:
+    return f"{n_bytes / GIB:.1f} GiB"
+
+
+def device_table(info: DeviceInfo) -> Table:
+    """A compact two-column table: one row per fact, one row per GPU."""
+    table = Table(box=box.SIMPLE, show_header=False, pad_edge=False, title="Devices")
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row("torch", info.torch_version)
+    table.add_row("CUDA build", info.cuda_build or "none (CPU-only torch)")
+    if info.cudnn_version is not None:
+        table.add_row("cuDNN", str(info.cudnn_version))
+    table.add_row("CUDA available", "yes" if info.cuda_available else "no")
+    table.add_row("GPUs", str(len(info.gpus)))
+    for gpu in info.gpus:
+        major, minor = gpu.capability
+        table.add_row(
+            f"cuda:{gpu.index}",
+            f"{gpu.name} · sm_{major}{minor} · {_gib(gpu.total_bytes)} total · "
+            f"{_gib(gpu.allocated_bytes)} allocated · {_gib(gpu.reserved_bytes)} reserved",
+        )
+    visible = info.cuda_visible_devices
+    table.add_row("CUDA_VISIBLE_DEVICES", "not set (all)" if visible is None else repr(visible))
+    table.add_row("MPS available", "yes" if info.mps_available else "no")
+    table.add_row("use", f"python train.py {info.recommended_overrides}")
+    return table
+
+
+def print_device_report(console: Console | None = None) -> DeviceInfo:
+    """Print the device table and return what it shows."""
+    info = collect_device_info()
+    (console or Console()).print(device_table(info))
+    return info
