@@ -1,0 +1,88 @@
+"""The script a user writes by hand: the reference for `benchmarks/process.py`.
+
+Trains kindling's default experiment the plain way: the same digits split and standardisation,
+CNN, AdamW and cosine schedule, batch size and epochs; validates every epoch, saves a checkpoint
+every epoch and tests the best one at the end.
+
+    python benchmarks/plain_train.py --epochs 10 --out /tmp/plain
+"""
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from sklearn.datasets import load_digits
+from torch.utils.data import DataLoader, TensorDataset
+
+from kindling.models import CNNClassifier
+
+
+def digits_splits(val_fraction: float = 0.1, test_fraction: float = 0.2):
+    digits = load_digits()
+    images = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    labels = torch.tensor(digits.target)
+    order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(1234))
+    num_test = round(len(order) * test_fraction)
+    test, rest = order[:num_test], order[num_test:]
+    rest = rest[torch.randperm(len(rest), generator=torch.Generator().manual_seed(0))]
+    num_val = round(len(rest) * val_fraction)
+    val, train = rest[:num_val], rest[num_val:]
+    mean, std = images[train].mean(), images[train].std()
+    return [((images[i] - mean) / std, labels[i]) for i in (train, val, test)]
+
+
+def evaluate(net, loader, device) -> float:
+    net.eval()
+    correct = total = 0
+    with torch.no_grad():
+        for x, y in loader:
+            x, y = x.to(device), y.to(device)
+            correct += (net(x).argmax(1) == y).sum().item()
+            total += len(y)
+    return correct / total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--out", type=Path, default=Path("plain_run"))
+    args = parser.parse_args()
+    start = time.perf_counter()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(12345)
+    train, val, test = digits_splits()
+    loaders = [
+        DataLoader(TensorDataset(*split), batch_size=args.batch_size, shuffle=shuffle)
+        for split, shuffle in ((train, True), (val, False), (test, False))
+    ]
+    net = CNNClassifier(image_shape=(1, 8, 8), num_classes=10, channels=[32, 64]).to(device)
+    optimizer = torch.optim.AdamW(net.parameters(), lr=0.003, weight_decay=0.01)
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.epochs)
+    args.out.mkdir(parents=True, exist_ok=True)
+    best = -1.0
+    for epoch in range(args.epochs):
+        net.train()
+        for x, y in loaders[0]:
+            x, y = x.to(device), y.to(device)
+            loss = F.cross_entropy(net(x), y)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+        scheduler.step()
+        accuracy = evaluate(net, loaders[1], device)
+        state = {"net": net.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch}
+        torch.save(state, args.out / "last.pt")
+        if accuracy > best:
+            best = accuracy
+            torch.save(state, args.out / "best.pt")
+        print(f"epoch {epoch} val/acc {accuracy:.3f}")
+    net.load_state_dict(torch.load(args.out / "best.pt", weights_only=True)["net"])
+    print(f"test/acc {evaluate(net, loaders[2], device):.4f}")
+    print(f"seconds {time.perf_counter() - start:.2f}")
+
+
+if __name__ == "__main__":
+    main()
