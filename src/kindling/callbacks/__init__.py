@@ -4,6 +4,7 @@ from kindling.callbacks.config_in_checkpoint import ConfigInCheckpoint
 from kindling.callbacks.device_report import DeviceReport
 from kindling.callbacks.divergence import DivergenceError, StopOnDivergence
 from kindling.callbacks.interrupt import CheckpointOnInterrupt
+from kindling.callbacks.plots import RunPlots
 from kindling.callbacks.resume import RestoreRandomState
 
 __all__ = [
@@ -12,5 +13,6 @@ __all__ = [
     "DeviceReport",
     "DivergenceError",
     "RestoreRandomState",
+    "RunPlots",
     "StopOnDivergence",
 ]
