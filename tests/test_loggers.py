@@ -1,0 +1,122 @@
+"""Experiment trackers for real: train briefly, then read the metrics back from each store."""
+
+import csv
+import json
+import struct
+from pathlib import Path
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from kindling.train import run
+
+QUIET = ["callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null"]
+FAST = ["debug=limit", "trainer=cpu", *QUIET]  # 3 epochs of 5 batches, 2 test batches
+EPOCHS = 3
+
+
+def csv_series(run_dir: Path, name: str) -> list[float]:
+    with open(run_dir / "csv" / "metrics.csv") as f:
+        return [float(row[name]) for row in csv.DictReader(f) if row.get(name)]
+
+
+def tensorboard_series(log_dir: Path, name: str) -> list[float]:
+    # Fit and test each leave an event file; read them in the order they were written.
+    values = []
+    for event_file in sorted(log_dir.glob("events.out.tfevents.*")):
+        accumulator = EventAccumulator(str(event_file)).Reload()
+        if name in accumulator.Tags()["scalars"]:
+            values += [event.value for event in accumulator.Scalars(name)]
+    return values
+
+
+def test_csv_tensorboard_and_mlflow_record_the_same_metrics(compose_config, tmp_path) -> None:
+    mlflow = pytest.importorskip("mlflow", reason='needs the trackers extra (".[trackers]")')
+    cfg = compose_config("logger=many", *FAST)
+    assert set(cfg.logger) == {"csv", "tensorboard", "mlflow"}
+    run(cfg)
+    run_dir = tmp_path / "run"
+
+    client = mlflow.tracking.MlflowClient(tracking_uri=cfg.logger.mlflow.tracking_uri)
+    assert (tmp_path / "logs" / "mlflow.db").is_file()  # a real database, next to the runs
+    experiment = client.get_experiment_by_name(cfg.task_name)
+    (mlflow_run,) = client.search_runs([experiment.experiment_id])
+    assert mlflow_run.info.status == "FINISHED"
+
+    def mlflow_series(name: str) -> list[float]:
+        history = client.get_metric_history(mlflow_run.info.run_id, name)
+        return [m.value for m in sorted(history, key=lambda m: (m.step, m.timestamp))]
+
+    for name, per_run in [("val/acc", EPOCHS), ("val/loss", EPOCHS), ("train/loss", EPOCHS),
+                          ("val/acc_best", EPOCHS), ("test/acc", 1)]:  # fmt: skip
+        from_csv = csv_series(run_dir, name)
+        assert len(from_csv) == per_run, name
+        assert tensorboard_series(run_dir / "tensorboard", name) == pytest.approx(from_csv)
+        assert mlflow_series(name) == pytest.approx(from_csv)
+
+    # Sensible values: accuracies are fractions, losses positive, the best is the running max.
+    val_acc = csv_series(run_dir, "val/acc")
+    assert all(0.0 <= a <= 1.0 for a in val_acc)
+    assert all(loss > 0 for loss in csv_series(run_dir, "train/loss"))
+    best = csv_series(run_dir, "val/acc_best")
+    assert best == pytest.approx([max(val_acc[: i + 1]) for i in range(EPOCHS)])
+    # The whole resolved config is logged as parameters, tags included.
+    params = mlflow_run.data.params
+    assert params["seed"] == str(cfg.seed)
+    assert params["tags"] == str(list(cfg.tags))
+    assert params["model/net/_target_"] == cfg.model.net._target_
+
+
+def read_wandb_records(path: Path) -> list | None:
+    """The records of an offline `.wandb` file (LevelDB log format: 32 KiB blocks of chunks),
+    or None when the file does not start as this format does."""
+    from wandb.proto import wandb_internal_pb2
+
+    raw = path.read_bytes()
+    if raw[:4] != b":W&B":
+        return None
+    block, position, pending, records = 32768, 7, b"", []
+    while position + 7 <= len(raw):
+        if block - position % block < 7:  # a block's tail too short for a chunk header is padding
+            position += block - position % block
+            continue
+        _, length, kind = struct.unpack("<IHB", raw[position : position + 7])
+        data = raw[position + 7 : position + 7 + length]
+        position += 7 + length
+        pending = data if kind in (1, 2) else pending + data  # 1 full, 2 first, 3 middle, 4 last
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            records.append(record)
+    return records
+
+
+def test_wandb_offline_run_holds_the_metrics(compose_config, tmp_path, monkeypatch) -> None:
+    wandb = pytest.importorskip("wandb", reason='needs the trackers extra (".[trackers]")')
+    # No account, no network, nothing written outside tmp_path.
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    for variable in ["WANDB_DIR", "WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"]:
+        monkeypatch.setenv(variable, str(tmp_path / "wandb-home"))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run(compose_config("logger=[csv,wandb]", *FAST))
+    # Lightning leaves the wandb run open; its records reach the file when it finishes.
+    wandb.finish()
+    run_dir = tmp_path / "run"
+
+    (run_file,) = (run_dir / "wandb").glob("offline-run-*/run-*.wandb")
+    records = read_wandb_records(run_file)
+    if records is None:
+        pytest.skip(f"unknown .wandb file format in {run_file}")
+    history = [
+        {
+            item.key or "/".join(item.nested_key): json.loads(item.value_json)
+            for item in record.history.item
+        }
+        for record in records
+        if record.WhichOneof("record_type") == "history"
+    ]
+    val_acc = [row["val/acc"] for row in history if "val/acc" in row]
+    assert val_acc == pytest.approx(csv_series(run_dir, "val/acc"))
+    assert len(val_acc) == EPOCHS
+    test_acc = [row["test/acc"] for row in history if "test/acc" in row]
+    assert test_acc == pytest.approx(csv_series(run_dir, "test/acc"))
