@@ -1,0 +1,64 @@
+"""What a run prints: the resolved config tree, and no warnings that ask nothing of the user."""
+
+import logging
+import warnings
+
+from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+from kindling.train import run
+from kindling.utils.config_tree import CONFIG_TREE_FILE, print_config_tree
+from kindling.utils.warnings import ignore_unhelpful_warnings
+
+QUIET = ["callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null"]
+
+
+def test_config_tree_is_printed_and_saved_resolved(compose_config, tmp_path, capsys) -> None:
+    cfg = compose_config("model=lstm", "tags=[digits,lstm]")
+    print_config_tree(cfg, tmp_path / "run")
+    saved = (tmp_path / "run" / CONFIG_TREE_FILE).read_text()
+    assert "kindling.models.LSTMClassifier" in capsys.readouterr().out
+    # Interpolations are resolved: the checkpoint folder is the run folder's.
+    assert f"dirpath: {tmp_path / 'run'}/checkpoints" in saved
+    assert "${" not in saved
+    assert "_target_: kindling.models.LSTMClassifier" in saved
+    assert "tags: [digits, lstm]" in saved and "seed: 12345" in saved
+    for group in ["data", "model", "callbacks", "logger", "trainer", "paths"]:
+        assert f"── {group}\n" in saved
+    assert "\x1b[" not in saved  # no colour codes in the file
+
+
+def test_config_tree_only_on_rank_zero(compose_config, tmp_path, capsys, monkeypatch) -> None:
+    monkeypatch.setattr(rank_zero_only, "rank", 1)
+    print_config_tree(compose_config(), tmp_path / "run")
+    assert not (tmp_path / "run" / CONFIG_TREE_FILE).exists()
+    assert capsys.readouterr().out == ""
+
+
+def test_unhelpful_warnings_of_a_real_run_are_gone(compose_config, caplog, monkeypatch) -> None:
+    rank_zero_logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    monkeypatch.setattr(rank_zero_logger, "filters", [])  # restored after the test
+    caplog.set_level(logging.INFO)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ignore_unhelpful_warnings()
+        # debug=limit (5 training batches, logging every 10 steps) provokes two of them.
+        run(compose_config("debug=limit", "trainer=cpu", *QUIET))
+        # A warning that tells the user something still gets through.
+        warnings.warn("Using `DistributedSampler` with the dataloaders.", UserWarning, stacklevel=1)
+        rank_zero_info("Run folder: still printed")
+    messages = [str(w.message) for w in caught]
+    assert not [m for m in messages if "smaller than the logging interval" in m]
+    assert not [m for m in messages if "LeafSpec" in m]
+    assert any("DistributedSampler" in m for m in messages)
+    assert "litlogger" not in caplog.text
+    assert "Run folder: still printed" in caplog.text
+
+
+def test_without_the_filter_those_warnings_do_appear(compose_config) -> None:
+    """The test above means something only if the run really raises these warnings."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run(compose_config("debug=limit", "trainer=cpu", *QUIET))
+    messages = [str(w.message) for w in caught]
+    assert any("smaller than the logging interval" in m for m in messages)
