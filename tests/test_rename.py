@@ -1,0 +1,122 @@
+"""scripts/rename_package.py on a copy of the repository: everything renamed, still trains,
+and upstream fixes still merge into the renamed fork."""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+SCRIPT = ROOT / "scripts" / "rename_package.py"
+QUIET = ["callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null"]
+
+
+def copy_tracked_files(destination: Path) -> Path:
+    """The repository as git knows it (tracked files, as they are in the working tree)."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split("\0")
+    for name in filter(None, listed):
+        source = ROOT / name
+        if source.is_file():  # a tracked file deleted in the working tree is left out
+            (destination / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, destination / name)
+    return destination
+
+
+def rename(repo: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args, "--root", str(repo)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+
+
+def snapshot(repo: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(repo)): p.read_bytes() for p in repo.rglob("*") if p.is_file()}
+
+
+def files_mentioning(repo: Path, word: str) -> list[str]:
+    pattern = re.compile(rf"\b{word}\b".encode())
+    return [name for name, data in snapshot(repo).items() if pattern.search(data)]
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    return copy_tracked_files(tmp_path / "repo")
+
+
+def test_dry_run_lists_the_changes_and_writes_nothing(repo: Path) -> None:
+    before = snapshot(repo)
+    result = rename(repo, "mynet", "--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert "src/kindling -> src/mynet" in result.stdout
+    assert re.search(r"^pyproject.toml: \d+ replaced$", result.stdout, re.MULTILINE)
+    assert re.search(r"^configs/model/cnn.yaml: \d+ replaced$", result.stdout, re.MULTILINE)
+    assert snapshot(repo) == before
+
+
+def test_rename_leaves_no_trace_of_the_old_name(repo: Path) -> None:
+    assert files_mentioning(repo, "kindling")  # the test means something
+    result = rename(repo, "mynet")
+    assert result.returncode == 0, result.stderr
+    assert not (repo / "src" / "kindling").exists()
+    assert (repo / "src" / "mynet" / "train.py").is_file()
+    assert files_mentioning(repo, "kindling") == []
+    assert 'name = "mynet"' in (repo / "pyproject.toml").read_text()
+    assert "_target_: mynet.modules.Classifier" in (repo / "configs/model/cnn.yaml").read_text()
+    assert "from mynet.train import run" in (repo / "train.py").read_text()
+
+
+@pytest.mark.parametrize("name", ["My-Net", "2net", "class", "kindling"])
+def test_bad_names_are_refused(repo: Path, name: str) -> None:
+    before = snapshot(repo)
+    result = rename(repo, name)
+    assert result.returncode == 2
+    assert snapshot(repo) == before
+
+
+def test_renamed_project_trains(repo: Path) -> None:
+    assert rename(repo, "mynet").returncode == 0
+    # The renamed package is imported from the copy; kindling, installed in this environment, is
+    # never named by the copy any more (previous test), so it cannot stand in for it.
+    env = {**os.environ, "PYTHONPATH": str(repo / "src")}
+    result = subprocess.run(
+        [sys.executable, "train.py", "debug=fdr", "trainer=cpu", *QUIET],
+        cwd=repo, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    assert "mynet.modules.Classifier" in next((repo / "logs").rglob("config.yaml")).read_text()
+
+
+def git(repo: Path, *args: str) -> str:
+    identity = ["-c", "user.name=test", "-c", "user.email=test@example.com"]
+    result = subprocess.run(["git", *identity, *args], cwd=repo, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+def test_renamed_fork_still_merges_upstream_fixes(repo: Path) -> None:
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "upstream")
+    git(repo, "checkout", "-q", "-b", "fork")
+    assert rename(repo, "mynet").returncode == 0
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "rename to mynet")
+    # Upstream fixes a line of a file the fork has moved.
+    git(repo, "checkout", "-q", "main")
+    train = repo / "src" / "kindling" / "train.py"
+    fixed = train.read_text().replace('"""The path of a run', '"""The path of one run', 1)
+    assert fixed != train.read_text()
+    train.write_text(fixed)
+    git(repo, "commit", "-q", "-am", "upstream fix")
+    git(repo, "checkout", "-q", "fork")
+    git(repo, "merge", "-q", "--no-edit", "main")
+    merged = (repo / "src" / "mynet" / "train.py").read_text()
+    assert merged.startswith('"""The path of one run')
+    assert not (repo / "src" / "kindling").exists()
