@@ -17,7 +17,9 @@ from omegaconf import DictConfig, OmegaConf
 from kindling.callbacks import CheckpointOnInterrupt, ConfigInCheckpoint, RestoreRandomState
 from kindling.data.image import per_device_batch_size
 from kindling.utils import UserError, build, checks, hydra_ddp, instantiate_group, resume
+from kindling.utils.config_tree import print_config_tree
 from kindling.utils.errors import find_user_error
+from kindling.utils.warnings import ignore_unhelpful_warnings
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +39,7 @@ def run(cfg: DictConfig) -> float | None:
     Bad input stops a single run with its message alone (no traceback; exit code 1). In a
     multirun the error is raised, so Hydra records the job as failed and runs the others.
     """
+    ignore_unhelpful_warnings()
     # Multi-device jobs start their extra ranks as single runs of this job, in its folder.
     hydra_ddp.install()
     try:
@@ -55,6 +58,7 @@ def run(cfg: DictConfig) -> float | None:
 
 def train_and_test(cfg: DictConfig) -> float | None:
     checkpoint = _check(cfg)
+    print_config_tree(cfg, save_dir=cfg.paths.output_dir)
     if cfg.get("seed") is not None:  # 0 is a seed like any other
         L.seed_everything(cfg.seed, workers=True)
     if cfg.get("float32_matmul_precision"):
