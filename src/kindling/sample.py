@@ -1,7 +1,6 @@
 """Sample text from a language-model checkpoint, with nothing but the checkpoint file.
 
-    python -m kindling.sample ckpt_path=<file> prompt="ROMEO:" length=500 temperature=0.8 \
-        top_k=40 seed=0
+    python -m kindling.sample ckpt_path=<file> prompt="The " length=500 temperature=0.8 top_k=40
 
 Arguments are `key=value`, like train.py's overrides; `python -m kindling.sample --help` lists
 them. The checkpoint holds the run's config (which rebuilds the model) and the vocabulary (in the
@@ -20,15 +19,19 @@ from kindling.utils.checkpoint import load_module
 from kindling.utils.errors import UserError
 
 
+def _arg(default: object, help: str) -> dataclasses.Field:
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
 @dataclasses.dataclass
 class SampleArgs:
-    ckpt_path: str = ""  # a checkpoint written by `train.py experiment=charlm`
-    prompt: str = "\n"  # the text to continue; \n and \t are read as newline and tab
-    length: int = 500  # characters to sample after the prompt
-    temperature: float = 0.8  # 0: always the most likely character; higher: more varied
-    top_k: int | None = None  # sample among the k most likely characters only; null: all
-    seed: int = 0  # the same seed, checkpoint and arguments give the same text
-    device: str = "cpu"  # cpu | cuda | cuda:1 | auto (a GPU when there is one)
+    ckpt_path: str = _arg("", "a checkpoint written by `train.py experiment=charlm`")
+    prompt: str = _arg("\n", "the text to continue; \\n and \\t are read as newline and tab")
+    length: int = _arg(500, "characters to sample after the prompt")
+    temperature: float = _arg(0.8, "0: always the most likely character; higher: more varied")
+    top_k: int | None = _arg(None, "sample among the k most likely characters only; null: all")
+    seed: int = _arg(0, "the same seed, checkpoint and arguments give the same text")
+    device: str = _arg("cpu", "cpu | cuda | cuda:1 | auto (a GPU when there is one)")
 
 
 def _optional_int(text: str) -> int | None:
@@ -97,7 +100,7 @@ if __name__ == "__main__":
     if {"-h", "--help"} & set(sys.argv[1:]):
         print(__doc__)
         for field in dataclasses.fields(SampleArgs):
-            print(f"    {field.name}={field.default!r}")
+            print(f"    {field.name}={field.default!r}  # {field.metadata['help']}")
         sys.exit(0)
     try:
         print(main(sys.argv[1:]))
