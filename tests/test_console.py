@@ -6,9 +6,9 @@ import warnings
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
+import kindling.train
 from kindling.train import run
 from kindling.utils.config_tree import CONFIG_TREE_FILE, print_config_tree
-from kindling.utils.warnings import ignore_unhelpful_warnings
 
 QUIET = ["callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null"]
 
@@ -35,14 +35,16 @@ def test_config_tree_only_on_rank_zero(compose_config, tmp_path, capsys, monkeyp
     assert capsys.readouterr().out == ""
 
 
-def test_unhelpful_warnings_of_a_real_run_are_gone(compose_config, caplog, monkeypatch) -> None:
+def test_a_real_run_saves_its_config_tree_without_unhelpful_warnings(
+    compose_config, tmp_path, caplog, monkeypatch
+) -> None:
     rank_zero_logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
     monkeypatch.setattr(rank_zero_logger, "filters", [])  # restored after the test
     caplog.set_level(logging.INFO)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        ignore_unhelpful_warnings()
-        # debug=limit (5 training batches, logging every 10 steps) provokes two of them.
+        # run() filters them (train.py calls ignore_unhelpful_warnings); debug=limit (5 training
+        # batches, logging every 10 steps) provokes two of them.
         run(compose_config("debug=limit", "trainer=cpu", *QUIET))
         # A warning that tells the user something still gets through.
         warnings.warn("Using `DistributedSampler` with the dataloaders.", UserWarning, stacklevel=1)
@@ -53,10 +55,15 @@ def test_unhelpful_warnings_of_a_real_run_are_gone(compose_config, caplog, monke
     assert any("DistributedSampler" in m for m in messages)
     assert "litlogger" not in caplog.text
     assert "Run folder: still printed" in caplog.text
+    # train.py prints the tree and saves it in the run folder.
+    assert (
+        "_target_: kindling.modules.Classifier" in (tmp_path / "run" / CONFIG_TREE_FILE).read_text()
+    )
 
 
-def test_without_the_filter_those_warnings_do_appear(compose_config) -> None:
+def test_without_the_filter_those_warnings_do_appear(compose_config, monkeypatch) -> None:
     """The test above means something only if the run really raises these warnings."""
+    monkeypatch.setattr(kindling.train, "ignore_unhelpful_warnings", lambda: None)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         run(compose_config("debug=limit", "trainer=cpu", *QUIET))
