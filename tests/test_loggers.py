@@ -122,10 +122,6 @@ def test_wandb_offline_run_holds_the_metrics(compose_config, tmp_path, monkeypat
     assert test_acc == pytest.approx(csv_series(run_dir, "test/acc"))
 
 
-@pytest.mark.xfail(
-    reason="needs train.py to finish the wandb run after each job (see the loggers README)",
-    strict=False,
-)
 def test_each_job_of_one_process_gets_its_own_wandb_run(
     compose_config, tmp_path, monkeypatch
 ) -> None:

@@ -3,6 +3,8 @@
 import logging
 import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import lightning as L
@@ -43,7 +45,7 @@ def run(cfg: DictConfig) -> float | None:
     # Multi-device jobs start their extra ranks as single runs of this job, in its folder.
     hydra_ddp.install()
     try:
-        with hydra_ddp.job_environment():
+        with hydra_ddp.job_environment(), _trackers_closed():
             return train_and_test(cfg)
     except SIGTERMException:
         # Lightning stopped at the end of a step; CheckpointOnInterrupt said where it saved.
@@ -112,6 +114,17 @@ def _check(cfg: DictConfig) -> str | None:
     elif not cfg.get("train") and cfg.get("test"):
         raise UserError("train=false tests a checkpoint: give it with ckpt_path=<file>.")
     return str(checkpoint) if checkpoint is not None else None
+
+
+@contextmanager
+def _trackers_closed() -> Iterator[None]:
+    """Finish the wandb run, if any: the next job of a multirun (same process) starts its own."""
+    try:
+        yield
+    finally:
+        wandb = sys.modules.get("wandb")
+        if wandb is not None and wandb.run is not None:
+            wandb.finish()
 
 
 def _in_multirun() -> bool:
