@@ -105,12 +105,16 @@ class Classifier(L.LightningModule):
         self.val_acc_best(self.val_acc.compute())
         self.log("val/acc_best", self.val_acc_best.compute(), sync_dist=True, prog_bar=True)
 
-    def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+    def test_step(
+        self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int
+    ) -> dict[str, torch.Tensor]:
         loss, preds, targets = self._shared_step(batch)
         self.test_loss(loss)
         self.test_acc(preds, targets)
         self.log("test/loss", self.test_loss, on_step=False, on_epoch=True)
         self.log("test/acc", self.test_acc, on_step=False, on_epoch=True)
+        # For callbacks (the confusion matrix plot): no second forward pass.
+        return {"preds": preds, "targets": targets}
 
     def predict_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         """Class probabilities `(B, num_classes)`; a batch is images, or (images, labels)."""
