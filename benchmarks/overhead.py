@@ -75,13 +75,15 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def compose_kindling(model: str, accelerator: str, epochs: int, tmp: Path):
+def compose_kindling(
+    model: str, accelerator: str, epochs: int, tmp: Path, overrides: tuple[str, ...] = ()
+):
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
         cfg = compose(
             "train",
             [f"model={model}", f"trainer.accelerator={accelerator}", f"trainer.max_epochs={epochs}",
-             "data=mnist", "callbacks.early_stopping.patience=1000"],
+             "data=mnist", "callbacks.early_stopping.patience=1000", *overrides],
             return_hydra_config=True,
         )  # fmt: skip
     GlobalHydra.instance().clear()
@@ -111,7 +113,7 @@ class EpochTimer(Callback):
 
 
 def time_kindling(model: str, args, tmp: Path) -> tuple[list[float], int]:
-    cfg = compose_kindling(model, args.accelerator, args.epochs, tmp)
+    cfg = compose_kindling(model, args.accelerator, args.epochs, tmp, tuple(args.overrides))
     L.seed_everything(0, workers=True)
     module = instantiate(cfg.model, _convert_="all")
     datamodule = SyntheticDataModule(
@@ -166,6 +168,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--accelerator", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent)
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides for kindling's side")
     args = parser.parse_args()
 
     device = torch.device("cuda" if args.accelerator in ("cuda", "gpu") else "cpu")

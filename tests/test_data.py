@@ -28,7 +28,7 @@ from kindling.data import (
     ImageDataModule,
     MNISTDataModule,
 )
-from kindling.data.image import per_device_batch_size
+from kindling.data.batched import per_device_batch_size
 from kindling.utils import UserError
 
 from conftest import CONFIG_DIR

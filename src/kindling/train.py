@@ -17,7 +17,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 from kindling.callbacks import CheckpointOnInterrupt, ConfigInCheckpoint, RestoreRandomState
-from kindling.data.image import per_device_batch_size
+from kindling.data.batched import per_device_batch_size
 from kindling.utils import UserError, build, checks, hydra_ddp, instantiate_group, resume
 from kindling.utils.config_tree import print_config_tree
 from kindling.utils.errors import find_user_error

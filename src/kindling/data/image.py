@@ -4,33 +4,17 @@ from abc import abstractmethod
 from collections.abc import Sequence
 from typing import Any
 
-import lightning as L
 import torch
-from lightning.pytorch.accelerators import CUDAAccelerator
 from torch.utils.data import DataLoader, TensorDataset
 
+from kindling.data.batched import BatchedDataModule, per_device_batch_size
 from kindling.data.device_loader import DeviceTensorLoader
 from kindling.utils.errors import UserError
 
 Split = tuple[torch.Tensor, torch.Tensor]  # images (N, C, H, W) float in [0, 1], labels (N,) int64
 
 
-def per_device_batch_size(batch_size: int, world_size: int) -> int:
-    """Split a global batch size evenly over `world_size` processes."""
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int):
-        raise UserError(f"data.batch_size must be a whole number, got {batch_size!r}.")
-    if batch_size <= 0:
-        raise UserError(f"data.batch_size must be a positive integer, got {batch_size}.")
-    if batch_size % world_size:
-        raise UserError(
-            f"data.batch_size={batch_size} is the global batch size and must divide evenly over "
-            f"{world_size} processes. Use a multiple of {world_size}, "
-            f"e.g. data.batch_size={max(world_size, batch_size // world_size * world_size)}."
-        )
-    return batch_size // world_size
-
-
-class ImageDataModule(L.LightningDataModule):
+class ImageDataModule(BatchedDataModule):
     """Images held in memory as tensors, standardised per channel with training-set statistics.
 
     Subclasses implement `load_splits`, returning the train and test splits; this class carves
@@ -79,11 +63,6 @@ class ImageDataModule(L.LightningDataModule):
     def load_splits(self) -> tuple[Split, Split]:
         """Return `(train, test)`, each `(images, labels)` with images float in [0, 1]."""
 
-    @property
-    def batch_size_per_device(self) -> int:
-        world_size = self.trainer.world_size if self.trainer is not None else 1
-        return per_device_batch_size(self.hparams.batch_size, world_size)
-
     def setup(self, stage: str | None = None) -> None:
         if self.data_train is not None:
             return
@@ -131,35 +110,15 @@ class ImageDataModule(L.LightningDataModule):
     def _loader(
         self, dataset: TensorDataset | None, shuffle: bool
     ) -> DataLoader | DeviceTensorLoader:
-        if dataset is None:
-            raise RuntimeError("call setup() before asking for a data loader")
-        if self.hparams.on_device and self.trainer is not None:
-            # The Trainer's strategy moves the tensors: it knows this process's device.
-            tensors = self.trainer.strategy.batch_to_device(dataset.tensors)
-            return DeviceTensorLoader(
-                tensors,
-                self.batch_size_per_device,
-                shuffle=shuffle,
-                rank=self.trainer.global_rank,
-                world_size=self.trainer.world_size,
-                seed=self.hparams.seed,
-            )
-        on_cuda = self.trainer is not None and isinstance(self.trainer.accelerator, CUDAAccelerator)
-        workers = self.hparams.num_workers
-        return DataLoader(
-            dataset,
-            batch_size=self.batch_size_per_device,
+        if not (self.hparams.on_device and self.trainer is not None and dataset is not None):
+            return super()._loader(dataset, shuffle)
+        # The Trainer's strategy moves the tensors: it knows this process's device.
+        tensors = self.trainer.strategy.batch_to_device(dataset.tensors)
+        return DeviceTensorLoader(
+            tensors,
+            self.batch_size_per_device,
             shuffle=shuffle,
-            num_workers=workers,
-            pin_memory=self.hparams.pin_memory and on_cuda,
-            persistent_workers=self.hparams.persistent_workers and workers > 0,
+            rank=self.trainer.global_rank,
+            world_size=self.trainer.world_size,
+            seed=self.hparams.seed,
         )
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader(self.data_train, shuffle=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader(self.data_val, shuffle=False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader(self.data_test, shuffle=False)

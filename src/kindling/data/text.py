@@ -7,13 +7,11 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from urllib.parse import urlparse
 
-import lightning as L
 import numpy as np
 import torch
-from lightning.pytorch.accelerators import CUDAAccelerator
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
-from kindling.data.image import per_device_batch_size
+from kindling.data.batched import BatchedDataModule, per_device_batch_size
 from kindling.utils.errors import UserError
 
 # Public-domain corpora that `data.download=<name>` fetches from their canonical address.
@@ -173,7 +171,7 @@ def fetch(url: str, destination: Path) -> None:
     partial.replace(destination)
 
 
-class CharTextDataModule(L.LightningDataModule):
+class CharTextDataModule(BatchedDataModule):
     """A character-level language-modelling corpus, split by position into train | val | test.
 
     Every split serves non-overlapping windows of `context_length` characters, each with the
@@ -233,11 +231,6 @@ class CharTextDataModule(L.LightningDataModule):
         self.data_val: TokenWindows | None = None
         self.data_test: TokenWindows | None = None
 
-    @property
-    def batch_size_per_device(self) -> int:
-        world_size = self.trainer.world_size if self.trainer is not None else 1
-        return per_device_batch_size(self.hparams.batch_size, world_size)
-
     def prepare_data(self) -> None:
         # Lightning calls this on one process per node, before setup(): the place to download.
         if self.hparams.download is not None:
@@ -281,26 +274,3 @@ class CharTextDataModule(L.LightningDataModule):
                 "Use a longer text, a smaller data.context_length, or larger split fractions."
             )
         self.data_train, self.data_val, self.data_test = (TokenWindows(s, length) for s in splits)
-
-    def _loader(self, dataset: TokenWindows | None, shuffle: bool) -> DataLoader:
-        if dataset is None:
-            raise RuntimeError("call setup() before asking for a data loader")
-        on_cuda = self.trainer is not None and isinstance(self.trainer.accelerator, CUDAAccelerator)
-        workers = self.hparams.num_workers
-        return DataLoader(
-            dataset,
-            batch_size=self.batch_size_per_device,
-            shuffle=shuffle,
-            num_workers=workers,
-            pin_memory=self.hparams.pin_memory and on_cuda,
-            persistent_workers=self.hparams.persistent_workers and workers > 0,
-        )
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader(self.data_train, shuffle=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader(self.data_val, shuffle=False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader(self.data_test, shuffle=False)

@@ -1,6 +1,5 @@
 """Image classification around any net that maps `(B, C, H, W)` to logits `(B, num_classes)`."""
 
-from collections.abc import Callable
 from typing import Any
 
 import lightning as L
@@ -10,8 +9,7 @@ from torch import nn
 from torchmetrics import MaxMetric, MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-OptimizerFactory = Callable[..., torch.optim.Optimizer]
-SchedulerFactory = Callable[..., torch.optim.lr_scheduler.LRScheduler]
+from kindling.modules.optimization import OptimizerFactory, SchedulerFactory, configure_optimizers
 
 
 class Classifier(L.LightningModule):
@@ -122,15 +120,9 @@ class Classifier(L.LightningModule):
         return self(images).softmax(dim=-1)
 
     def configure_optimizers(self) -> dict[str, Any]:
-        optimizer = self.optimizer_factory(params=self.trainer.model.parameters())
-        if self.scheduler_factory is None:
-            return {"optimizer": optimizer}
-        scheduler = self.scheduler_factory(optimizer=optimizer)
-        return {
-            "optimizer": optimizer,
-            "lr_scheduler": {
-                "scheduler": scheduler,
-                "interval": self.hparams.scheduler_interval,
-                "monitor": "val/loss",
-            },
-        }
+        return configure_optimizers(
+            self.optimizer_factory,
+            self.scheduler_factory,
+            self.trainer.model.parameters(),
+            interval=self.hparams.scheduler_interval,
+        )

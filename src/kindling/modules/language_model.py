@@ -13,11 +13,10 @@ from torchmetrics import MeanMetric
 from torchmetrics.text import Perplexity
 
 from kindling.data.text import Vocabulary
+from kindling.modules.optimization import OptimizerFactory, SchedulerFactory, configure_optimizers
 from kindling.utils.errors import UserError
 
 NetFactory = Callable[..., nn.Module]  # takes vocab_size=
-OptimizerFactory = Callable[..., torch.optim.Optimizer]
-SchedulerFactory = Callable[..., torch.optim.lr_scheduler.LRScheduler]
 Batch = tuple[torch.Tensor, torch.Tensor]  # input ids (B, T), target ids (B, T)
 
 SAMPLES_FILE = "samples.txt"
@@ -249,15 +248,9 @@ class LanguageModel(L.LightningModule):
     # ----------------------------------------------------------------------------------------
 
     def configure_optimizers(self) -> dict[str, Any]:
-        optimizer = self.optimizer_factory(params=self.trainer.model.parameters())
-        if self.scheduler_factory is None:
-            return {"optimizer": optimizer}
-        scheduler = self.scheduler_factory(optimizer=optimizer)
-        return {
-            "optimizer": optimizer,
-            "lr_scheduler": {
-                "scheduler": scheduler,
-                "interval": self.hparams.scheduler_interval,
-                "monitor": "val/loss",
-            },
-        }
+        return configure_optimizers(
+            self.optimizer_factory,
+            self.scheduler_factory,
+            self.trainer.model.parameters(),
+            interval=self.hparams.scheduler_interval,
+        )
