@@ -13,9 +13,9 @@ weights), with the same optimizer, batch size and batches of the same in-memory 
 
 The timed part is the training steps of an epoch: from the start of the epoch to its end (plain)
 or to the start of validation (kindling), with the device synchronised before each clock read.
-The first epoch is warm-up and not counted; each measurement is the median epoch of a run, and
-each run is repeated (fresh process state each time for neither side: both share this process).
-Writes `overhead.json` and `overhead.md` next to this file (or `--out`).
+The first epoch is warm-up and not counted; each measurement is the median epoch of a run; runs
+are repeated, alternating which side goes first, and the median run is reported.
+Writes `overhead.json` and `overhead.md` to `benchmarks/results/` (or `--out`).
 """
 
 import argparse
@@ -167,7 +167,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=4096)
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--accelerator", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent)
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for kindling's side")
     args = parser.parse_args()
 

@@ -4,7 +4,7 @@
 
 Both are started as fresh processes (imports, data loading, training, validation every epoch,
 checkpoints, the final test: everything a user waits for) and timed by the wall clock. Writes
-`process.json` next to this file (or `--out`).
+`process.json` to `benchmarks/results/` (or `--out`).
 """
 
 import argparse
@@ -30,7 +30,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--accelerator", default="auto")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent)
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args()
     kindling = [
         sys.executable, str(ROOT / "train.py"), f"trainer.max_epochs={args.epochs}",
