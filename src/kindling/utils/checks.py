@@ -92,7 +92,12 @@ def check_value_types(cfg: DictConfig) -> None:
             values[key] = value
     if not values:
         return
-    defaults = compose(config_name=hydra_cfg.job.config_name, overrides=choices)
+    # Config folders added with hydra.searchpath= must be searched again.
+    searchpath = [o for o in hydra_cfg.overrides.hydra if o.startswith("hydra.searchpath")]
+    try:
+        defaults = compose(config_name=hydra_cfg.job.config_name, overrides=choices + searchpath)
+    except Exception:  # a composition this check cannot repeat: the constructors still check
+        return
     for key, given in values.items():
         default = OmegaConf.select(defaults, key, throw_on_resolution_failure=False)
         expects_number = isinstance(default, int | float) and not isinstance(default, bool)
