@@ -1,6 +1,9 @@
 """Shared fixtures: compose the project's configs the way `python train.py` does."""
 
-from collections.abc import Callable
+import functools
+import threading
+from collections.abc import Callable, Iterator
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -40,3 +43,40 @@ def compose_config(tmp_path: Path) -> Callable[..., DictConfig]:
 def options(group: str) -> list[str]:
     """The options of a config group: the yaml files in configs/<group>/."""
     return sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
+
+
+class _RecordingHandler(SimpleHTTPRequestHandler):
+    """Serves a folder, records the paths asked for, logs nothing."""
+
+    def do_GET(self) -> None:
+        self.server.requested.append(self.path)
+        super().do_GET()
+
+    def log_message(self, format: str, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def serve_folder() -> Iterator[Callable[[Path], tuple[str, list[str]]]]:
+    """`serve(folder)` starts an HTTP server for `folder` on 127.0.0.1.
+
+    Returns its base address and the list of paths requested from it; stopped at teardown.
+    """
+    running: list[tuple[ThreadingHTTPServer, threading.Thread]] = []
+
+    def serve(folder: Path) -> tuple[str, list[str]]:
+        handler = functools.partial(_RecordingHandler, directory=str(folder))
+        server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        server.requested = []
+        # A short poll interval: shutdown() at teardown waits up to one interval.
+        thread = threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True)
+        thread.start()
+        running.append((server, thread))
+        host, port = server.server_address[:2]
+        return f"http://{host}:{port}/", server.requested
+
+    yield serve
+    for server, thread in running:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)

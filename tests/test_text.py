@@ -3,11 +3,8 @@
 The download tests serve files from a local HTTP server on 127.0.0.1; nothing else is contacted.
 """
 
-import functools
 import socket
-import threading
-from collections.abc import Callable, Iterator
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -192,35 +189,6 @@ def test_bad_settings_fail_at_construction(tmp_path: Path, kwargs: dict, message
 
 # --------------------------------------------------------------------------------------------
 # Downloads, from a local HTTP server
-
-
-class _RecordingHandler(SimpleHTTPRequestHandler):
-    def do_GET(self) -> None:
-        self.server.requested.append(self.path)
-        super().do_GET()
-
-    def log_message(self, format: str, *args) -> None:
-        pass
-
-
-@pytest.fixture
-def serve_folder() -> Iterator[Callable[[Path], tuple[str, list[str]]]]:
-    """`serve(folder)` serves `folder` on 127.0.0.1: returns its address and the paths asked for."""
-    servers: list[ThreadingHTTPServer] = []
-
-    def serve(folder: Path) -> tuple[str, list[str]]:
-        handler = functools.partial(_RecordingHandler, directory=str(folder))
-        server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        server.requested = []
-        threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True).start()
-        servers.append(server)
-        host, port = server.server_address[:2]
-        return f"http://{host}:{port}/", server.requested
-
-    yield serve
-    for server in servers:
-        server.shutdown()
-        server.server_close()
 
 
 def test_download_is_fetched_once_and_cached(tmp_path: Path, serve_folder) -> None:
