@@ -95,18 +95,34 @@ class RunPlots(Callback):
         self.history: History = defaultdict(dict)
         self.confusion_matrix: torch.Tensor | None = None  # the last test's, on the CPU
         self._test_confmat: MulticlassConfusionMatrix | None = None
+        self._train_epoch_ended: int | None = None
 
     # Learning curves.
 
+    # Modules log their train metrics in their own on_train_epoch_end, which Lightning calls after
+    # this callback's: an epoch's train values are read when the next epoch starts or training
+    # ends.
+
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._record(trainer, "train")
+        self._train_epoch_ended = trainer.current_epoch
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._record_ended_train_epoch(trainer)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._record_ended_train_epoch(trainer)
+
+    def _record_ended_train_epoch(self, trainer: L.Trainer) -> None:
+        if self._train_epoch_ended is not None:
+            self._record(trainer, "train", self._train_epoch_ended)
+            self._train_epoch_ended = None
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # The sanity check runs before the first epoch and is not one.
         if not trainer.sanity_checking:
-            self._record(trainer, "val")
+            self._record(trainer, "val", trainer.current_epoch)
 
-    def _record(self, trainer: L.Trainer, stage: str) -> None:
+    def _record(self, trainer: L.Trainer, stage: str, epoch: int) -> None:
         if not trainer.is_global_zero:
             return
         # callback_metrics hold the epoch values already reduced over ranks; reading them is one
@@ -114,7 +130,7 @@ class RunPlots(Callback):
         for name in self.metrics:
             value = trainer.callback_metrics.get(f"{stage}/{name}")
             if value is not None:
-                self.history[f"{stage}/{name}"][trainer.current_epoch] = float(value)
+                self.history[f"{stage}/{name}"][epoch] = float(value)
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.is_global_zero:

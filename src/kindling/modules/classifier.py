@@ -6,9 +6,9 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torchmetrics import MaxMetric, MeanMetric
-from torchmetrics.classification import MulticlassAccuracy
+from torchmetrics import MaxMetric
 
+from kindling.modules.metrics import accuracy, log_epoch_metrics, running_mean
 from kindling.modules.optimization import OptimizerFactory, SchedulerFactory, configure_optimizers
 
 
@@ -16,8 +16,8 @@ class Classifier(L.LightningModule):
     """Cross-entropy classification with accuracy for train / val / test.
 
     Logs `train/loss`, `train/acc`, `val/loss`, `val/acc`, `val/acc_best`, `test/loss`, `test/acc`.
-    Losses and accuracies are torchmetrics objects: they accumulate on the device and Lightning
-    reduces them across processes once per epoch, so no step waits on a host-device sync.
+    Losses and accuracies are torchmetrics objects: steps update them on the device, and they are
+    logged (reduced across processes) once per epoch, so no step waits on a host-device sync.
 
     Args:
         net: the model; its output size sets the number of classes.
@@ -49,10 +49,8 @@ class Classifier(L.LightningModule):
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler
 
-        self.train_acc = MulticlassAccuracy(num_classes, average="micro")
-        self.val_acc = MulticlassAccuracy(num_classes, average="micro")
-        self.test_acc = MulticlassAccuracy(num_classes, average="micro")
-        self.train_loss, self.val_loss, self.test_loss = MeanMetric(), MeanMetric(), MeanMetric()
+        self.train_acc, self.val_acc, self.test_acc = (accuracy(num_classes) for _ in range(3))
+        self.train_loss, self.val_loss, self.test_loss = (running_mean() for _ in range(3))
         # Saved in checkpoints (unlike the other metrics), so a resumed run keeps its best.
         self.val_acc_best = MaxMetric()
         self.val_acc_best.persistent(True)
@@ -82,24 +80,24 @@ class Classifier(L.LightningModule):
         self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int
     ) -> torch.Tensor:
         loss, preds, targets = self._shared_step(batch)
-        self.train_loss(loss)
-        self.train_acc(preds, targets)
-        self.log("train/loss", self.train_loss, on_step=False, on_epoch=True, prog_bar=True)
-        self.log("train/acc", self.train_acc, on_step=False, on_epoch=True, prog_bar=True)
+        self.train_loss.update(loss)
+        self.train_acc.update(preds, targets)
         return loss
+
+    def on_train_epoch_end(self) -> None:
+        log_epoch_metrics(self, {"train/loss": self.train_loss, "train/acc": self.train_acc})
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         loss, preds, targets = self._shared_step(batch)
-        self.val_loss(loss)
-        self.val_acc(preds, targets)
-        self.log("val/loss", self.val_loss, on_step=False, on_epoch=True, prog_bar=True)
-        self.log("val/acc", self.val_acc, on_step=False, on_epoch=True, prog_bar=True)
+        self.val_loss.update(loss)
+        self.val_acc.update(preds, targets)
 
     def on_validation_epoch_end(self) -> None:
-        # val_acc.compute() is already reduced across processes; MaxMetric keeps the best epoch.
+        log_epoch_metrics(self, {"val/loss": self.val_loss, "val/acc": self.val_acc})
         # The sanity check before training is not an epoch.
         if self.trainer.sanity_checking:
             return
+        # val_acc.compute() is already reduced across processes; MaxMetric keeps the best epoch.
         self.val_acc_best(self.val_acc.compute())
         self.log("val/acc_best", self.val_acc_best.compute(), sync_dist=True, prog_bar=True)
 
@@ -107,12 +105,14 @@ class Classifier(L.LightningModule):
         self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int
     ) -> dict[str, torch.Tensor]:
         loss, preds, targets = self._shared_step(batch)
-        self.test_loss(loss)
-        self.test_acc(preds, targets)
-        self.log("test/loss", self.test_loss, on_step=False, on_epoch=True)
-        self.log("test/acc", self.test_acc, on_step=False, on_epoch=True)
+        self.test_loss.update(loss)
+        self.test_acc.update(preds, targets)
         # For callbacks (the confusion matrix plot): no second forward pass.
         return {"preds": preds, "targets": targets}
+
+    def on_test_epoch_end(self) -> None:
+        metrics = {"test/loss": self.test_loss, "test/acc": self.test_acc}
+        log_epoch_metrics(self, metrics, prog_bar=False)
 
     def predict_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         """Class probabilities `(B, num_classes)`; a batch is images, or (images, labels)."""

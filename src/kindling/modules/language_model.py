@@ -9,10 +9,10 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.loggers import TensorBoardLogger
 from torch import nn
-from torchmetrics import MeanMetric
-from torchmetrics.text import Perplexity
+from torchmetrics import Metric
 
 from kindling.data.text import Vocabulary
+from kindling.modules.metrics import log_epoch_metrics, running_mean
 from kindling.modules.optimization import OptimizerFactory, SchedulerFactory, configure_optimizers
 from kindling.utils.errors import UserError
 
@@ -25,7 +25,8 @@ SAMPLES_FILE = "samples.txt"
 class LanguageModel(L.LightningModule):
     """Next-token cross-entropy over every position, perplexity, and text samples while training.
 
-    Logs `train/loss`, `val/loss`, `val/ppl`, `test/loss`, `test/ppl` as torchmetrics objects.
+    Logs `train/loss`, `val/loss`, `test/loss` (mean cross-entropy per token, torchmetrics
+    objects updated each step and logged once per epoch) and `val/ppl`, `test/ppl` (their exp).
     At the end of each validation epoch it samples `sample_length` characters after
     `sample_prompt`, prints them (rank 0), appends them to `samples.txt` in the run folder and
     sends them to TensorBoard when that logger is on.
@@ -75,8 +76,8 @@ class LanguageModel(L.LightningModule):
         # The characters behind the ids, as code points; empty until `build`.
         self.register_buffer("vocabulary_codepoints", torch.empty(0, dtype=torch.long))
 
-        self.train_loss, self.val_loss, self.test_loss = MeanMetric(), MeanMetric(), MeanMetric()
-        self.val_ppl, self.test_ppl = Perplexity(), Perplexity()
+        # Mean cross-entropy per token; perplexity is its exponential (no second softmax pass).
+        self.train_loss, self.val_loss, self.test_loss = (running_mean() for _ in range(3))
 
     # ----------------------------------------------------------------------------------------
     # Building the net for a vocabulary
@@ -137,27 +138,32 @@ class LanguageModel(L.LightningModule):
         return loss, logits, targets
 
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
-        loss, _logits, _targets = self._shared_step(batch)
-        self.train_loss(loss)
-        self.log("train/loss", self.train_loss, on_step=False, on_epoch=True, prog_bar=True)
+        loss, _logits, targets = self._shared_step(batch)
+        self.train_loss.update(loss, targets.numel())
         return loss
 
+    def on_train_epoch_end(self) -> None:
+        log_epoch_metrics(self, {"train/loss": self.train_loss})
+
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
-        loss, logits, targets = self._shared_step(batch)
-        self.val_loss(loss)
-        # Perplexity takes a softmax itself; in float32, also under mixed precision.
-        self.val_ppl(logits.float(), targets)
-        self.log("val/loss", self.val_loss, on_step=False, on_epoch=True, prog_bar=True)
-        self.log("val/ppl", self.val_ppl, on_step=False, on_epoch=True, prog_bar=True)
+        loss, _logits, targets = self._shared_step(batch)
+        self.val_loss.update(loss, targets.numel())
 
     def test_step(self, batch: Batch, batch_idx: int) -> None:
-        loss, logits, targets = self._shared_step(batch)
-        self.test_loss(loss)
-        self.test_ppl(logits.float(), targets)
-        self.log("test/loss", self.test_loss, on_step=False, on_epoch=True)
-        self.log("test/ppl", self.test_ppl, on_step=False, on_epoch=True)
+        loss, _logits, targets = self._shared_step(batch)
+        self.test_loss.update(loss, targets.numel())
+
+    def on_test_epoch_end(self) -> None:
+        self._log_loss_and_perplexity("test", self.test_loss, prog_bar=False)
+
+    def _log_loss_and_perplexity(self, stage: str, loss: Metric, prog_bar: bool) -> None:
+        # compute() is reduced across processes (and cached until Lightning resets the metric);
+        # sync_dist averages the same value over ranks, as Lightning wants for epoch values.
+        self.log(f"{stage}/ppl", loss.compute().exp(), prog_bar=prog_bar, sync_dist=True)
+        log_epoch_metrics(self, {f"{stage}/loss": loss}, prog_bar=prog_bar)
 
     def on_validation_epoch_end(self) -> None:
+        self._log_loss_and_perplexity("val", self.val_loss, prog_bar=True)
         # Rank 0 only: sampling is local (no collective calls), and one copy is enough to read.
         if self.hparams.sample_length <= 0 or not self.trainer.is_global_zero:
             return
