@@ -1,11 +1,19 @@
 """The GPU fast-path switches change speed, not results: checked on the CPU where they can be."""
 
+import functools
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
+from hydra.utils import instantiate
 from omegaconf import open_dict
+from torch.overrides import TorchFunctionMode
 
+from kindling.callbacks.divergence import StopOnDivergence
+from kindling.data.text import Vocabulary
+from kindling.models import TransformerLanguageModel
+from kindling.modules import LanguageModel
 from kindling.train import run
 
 BASE = [
@@ -47,12 +55,61 @@ def test_bf16_mixed_precision_follows_the_float32_curve(compose_config, tmp_path
 
 
 def test_channels_last_module_stores_nhwc_weights(compose_config) -> None:
-    from hydra.utils import instantiate
-
     module = instantiate(compose_config("model.channels_last=true").model, _convert_="all")
     module.setup("fit")
     conv = next(m for m in module.net.modules() if isinstance(m, torch.nn.Conv2d))
     assert conv.weight.is_contiguous(memory_format=torch.channels_last)
+
+
+class HostReads(TorchFunctionMode):
+    """Records the calls that wait for the device on a GPU: handing a value to Python, or an
+    output whose size depends on the values."""
+
+    READS = {"__bool__", "item", "tolist", "cpu", "numpy", "__int__", "__float__", "__index__"}
+    READS |= {"unique", "_unique2", "unique_consecutive", "nonzero", "argwhere", "masked_select"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") in self.READS:
+            self.reads.append(func.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("model", ["cnn", "rnn", "lstm", "transformer"])
+def test_classifier_steps_never_read_a_value_on_the_host(compose_config, model: str) -> None:
+    module = instantiate(compose_config(f"model={model}").model, _convert_="all")
+    batch = torch.randn(16, 1, 8, 8), torch.randint(0, 10, (16,))
+    divergence = StopOnDivergence(check_every_n_steps=50)
+    with HostReads() as host:
+        loss = module.training_step(batch, 0)
+        loss.backward()
+        divergence.on_train_batch_end(SimpleNamespace(global_step=7), module, loss, batch, 0)
+        with torch.no_grad():
+            module.validation_step(batch, 0)
+            module.test_step(batch, 0)
+    assert host.reads == []
+    # The probe itself works: the epoch-end computation does read the metrics.
+    with HostReads() as host:
+        module.train_acc.compute()
+        divergence._raise_if_diverged()
+    assert host.reads
+
+
+def test_language_model_steps_never_read_a_value_on_the_host() -> None:
+    net = functools.partial(
+        TransformerLanguageModel, context_length=16, d_model=32, num_layers=2, num_heads=4
+    )
+    module = LanguageModel(net=net, optimizer=functools.partial(torch.optim.AdamW, lr=0.01))
+    module.build(Vocabulary.from_text("abcdefgh"))
+    batch = torch.randint(0, 8, (4, 16)), torch.randint(0, 8, (4, 16))
+    with HostReads() as host:
+        module.training_step(batch, 0).backward()
+        with torch.no_grad():
+            module.validation_step(batch, 0)
+    assert host.reads == []
 
 
 def test_mnist_fast_uses_every_switch(compose_config) -> None:
