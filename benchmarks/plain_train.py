@@ -1,10 +1,12 @@
 """The script a user writes by hand: the reference for `benchmarks/process.py`.
 
-Trains kindling's default experiment the plain way: the same digits split and standardisation,
-CNN, AdamW and cosine schedule, batch size and epochs; validates every epoch, saves a checkpoint
-every epoch and tests the best one at the end.
+Trains what `python train.py` trains, the plain way: the same split and standardisation, CNN,
+AdamW and cosine schedule, batch size and epochs; validates every epoch, saves a checkpoint
+every epoch and tests the best one at the end. `--data digits` is the default experiment;
+`--data mnist` reads MNIST's IDX files from `<data-dir>/MNIST/raw/` as `data=mnist` does.
 
     python benchmarks/plain_train.py --epochs 10 --out /tmp/plain
+    python benchmarks/plain_train.py --data mnist --data-dir data --batch-size 128 --epochs 2
 """
 
 import argparse
@@ -19,6 +21,27 @@ from torch.utils.data import DataLoader, TensorDataset
 from kindling.models import CNNClassifier
 
 
+def standardised(images, labels, train, val, test_images, test_labels):
+    mean, std = images[train].mean(), images[train].std()
+    return [
+        ((images[train] - mean) / std, labels[train]),
+        ((images[val] - mean) / std, labels[val]),
+        ((test_images - mean) / std, test_labels),
+    ]
+
+
+def mnist_splits(data_dir: Path, val_fraction: float = 0.1):
+    from torchvision.datasets import MNIST
+
+    train_set, test_set = (MNIST(data_dir, train=t, download=False) for t in (True, False))
+    images = train_set.data.unsqueeze(1).float() / 255.0
+    order = torch.randperm(len(images), generator=torch.Generator().manual_seed(0))
+    num_val = round(len(order) * val_fraction)
+    val, train = order[:num_val], order[num_val:]
+    test_images = test_set.data.unsqueeze(1).float() / 255.0
+    return standardised(images, train_set.targets, train, val, test_images, test_set.targets)
+
+
 def digits_splits(val_fraction: float = 0.1, test_fraction: float = 0.2):
     digits = load_digits()
     images = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
@@ -29,8 +52,7 @@ def digits_splits(val_fraction: float = 0.1, test_fraction: float = 0.2):
     rest = rest[torch.randperm(len(rest), generator=torch.Generator().manual_seed(0))]
     num_val = round(len(rest) * val_fraction)
     val, train = rest[:num_val], rest[num_val:]
-    mean, std = images[train].mean(), images[train].std()
-    return [((images[i] - mean) / std, labels[i]) for i in (train, val, test)]
+    return standardised(images, labels, train, val, images[test], labels[test])
 
 
 def evaluate(net, loader, device) -> float:
@@ -46,6 +68,8 @@ def evaluate(net, loader, device) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--data", choices=["digits", "mnist"], default="digits")
+    parser.add_argument("--data-dir", type=Path, default=Path("data"))
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--out", type=Path, default=Path("plain_run"))
@@ -53,12 +77,13 @@ def main() -> None:
     start = time.perf_counter()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(12345)
-    train, val, test = digits_splits()
+    train, val, test = digits_splits() if args.data == "digits" else mnist_splits(args.data_dir)
     loaders = [
         DataLoader(TensorDataset(*split), batch_size=args.batch_size, shuffle=shuffle)
         for split, shuffle in ((train, True), (val, False), (test, False))
     ]
-    net = CNNClassifier(image_shape=(1, 8, 8), num_classes=10, channels=[32, 64]).to(device)
+    image_shape = tuple(train[0].shape[1:])
+    net = CNNClassifier(image_shape=image_shape, num_classes=10, channels=[32, 64]).to(device)
     optimizer = torch.optim.AdamW(net.parameters(), lr=0.003, weight_decay=0.01)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.epochs)
     args.out.mkdir(parents=True, exist_ok=True)

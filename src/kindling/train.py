@@ -20,6 +20,7 @@ from kindling.callbacks import CheckpointOnInterrupt, ConfigInCheckpoint, Restor
 from kindling.data.batched import per_device_batch_size
 from kindling.utils import UserError, build, checks, hydra_ddp, instantiate_group, resume
 from kindling.utils.config_tree import print_config_tree
+from kindling.utils.cuda import use_plain_cuda_check_without_gpu
 from kindling.utils.errors import find_user_error
 from kindling.utils.warnings import ignore_unhelpful_warnings
 
@@ -42,6 +43,7 @@ def run(cfg: DictConfig) -> float | None:
     multirun the error is raised, so Hydra records the job as failed and runs the others.
     """
     ignore_unhelpful_warnings()
+    use_plain_cuda_check_without_gpu()
     # Multi-device jobs start their extra ranks as single runs of this job, in its folder.
     hydra_ddp.install()
     try:
