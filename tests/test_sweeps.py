@@ -76,7 +76,7 @@ hydra:
     output, sweep_dir = search(tmp_path, config)
     # A crash (bad input) and a divergence are both reported as failed trials...
     assert "data.batch_size must be a positive integer, got 0" in output
-    assert "Failed experiment: The training loss became NaN or inf" in output
+    assert "Failed experiment: The training loss was NaN or inf" in output
     # ...and the search finished, with the one setting that trains as the best.
     results = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
     assert results["best_params"]["model.optimizer.lr"] == 0.003
