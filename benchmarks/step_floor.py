@@ -2,15 +2,16 @@
 
     python benchmarks/step_floor.py --repeats 8
 
-Each row adds one layer to the one above it and times the training steps of an epoch (first
-epoch of each run excluded), all in one process, rows in turn, `--repeats` rounds:
+Each of the first four rows adds one layer to the row above it; every row times the training
+steps of an epoch (first epoch of each run excluded), all in one process, rows in turn,
+`--repeats` rounds:
 
 - plain: forward, cross-entropy, backward, AdamW step in a hand-written loop;
 - Lightning: the same net in a minimal LightningModule, Trainer with no callbacks or logger;
 - + kindling's Classifier: its metric updates (loss and accuracy, logged once per epoch);
-- + per-step metric logging: the same module calling `self.log(<metric>, on_epoch=True)` in
-  every step, the pattern many templates use (kindling logs once per epoch instead);
-- + kindling's callbacks and CSV logger: what `python train.py` adds by default.
+- + kindling's callbacks and CSV logger: what `python train.py` adds by default;
+- for comparison, the Classifier calling `self.log(<metric>, on_epoch=True)` in every step
+  instead (the pattern many templates use), no callbacks.
 
 The differences between rows are the per-step cost of each layer on this machine; a model whose
 step takes S ms pays them as a fraction 1/S of its epoch.
@@ -128,10 +129,10 @@ ROWS = {
     "plain loop": time_plain,
     "Lightning, minimal module": lambda: time_lightning(MinimalModule(), False),
     "+ kindling's Classifier": lambda: time_lightning(classifier(), False),
-    "+ per-step metric logging": lambda: time_lightning(
+    "+ kindling's callbacks and CSV logger": lambda: time_lightning(classifier(), True),
+    "Classifier logging its metrics every step": lambda: time_lightning(
         classifier(ClassifierLoggingEveryStep), False
     ),
-    "+ kindling's callbacks and CSV logger": lambda: time_lightning(classifier(), True),
 }
 
 
