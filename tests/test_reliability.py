@@ -111,10 +111,17 @@ def test_a_failed_write_keeps_the_previous_checkpoint(tmp_path: Path, monkeypatc
     assert torch.load(path, weights_only=True)["step"] == 1
 
 
+def default_ctrl_c() -> None:
+    # A shell starts background jobs (a CI step, `cmd &`) with SIGINT ignored, and Python keeps
+    # an ignored SIGINT ignored: give the run Ctrl-C back, as in a terminal.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start_train_py(*args: str, cwd: Path) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, str(ROOT / "train.py"), *args],
         cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        preexec_fn=default_ctrl_c,
     )  # fmt: skip
 
 
