@@ -1,6 +1,8 @@
 """Shared fixtures: compose the project's configs the way `python train.py` does."""
 
 import functools
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -16,6 +18,14 @@ import kindling.train  # noqa: F401 - registers the resolvers the configs use
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = ROOT / "configs"
+
+
+def train_py(*args: str, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
+    """`python train.py <args>` in `cwd`, as a user runs it, with its output captured as text."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), *args],
+        cwd=cwd, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
 
 
 @pytest.fixture

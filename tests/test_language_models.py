@@ -31,7 +31,7 @@ from kindling.train import run
 from kindling.utils import UserError
 from kindling.utils.checkpoint import load_module
 
-from conftest import ROOT
+from conftest import train_py
 
 FAMILIES = ["rnn", "lstm", "transformer"]
 QUIET = ["callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null"]
@@ -387,13 +387,7 @@ def test_train_py_then_sample_from_another_folder(tmp_path: Path) -> None:
     """The commands a user types: train with train.py, sample with `python -m kindling.sample`."""
     corpus = tmp_path / "tiny.txt"
     corpus.write_text(TINY_CORPUS, encoding="utf-8")
-    train = subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), *tiny_experiment("lstm", corpus)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    train = train_py(*tiny_experiment("lstm", corpus), cwd=tmp_path)
     assert train.returncode == 0, train.stderr[-3000:]
     assert "Sample at step 0 (before training)" in train.stdout + train.stderr
     (run_dir,) = (tmp_path / "logs" / "charlm" / "runs").iterdir()

@@ -1,8 +1,6 @@
 """Learning curves and the test confusion matrix, written as PNGs into the run folder."""
 
 import csv
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +11,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from kindling.callbacks import plots
 from kindling.train import run
 
-from conftest import CONFIG_DIR, ROOT
+from conftest import CONFIG_DIR, train_py
 
 QUIET = ["callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null"]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -116,11 +114,7 @@ def test_nothing_logged_draws_nothing() -> None:
 @pytest.mark.slow
 def test_confusion_matrix_counts_the_samples_of_every_rank(tmp_path: Path) -> None:
     """Two CPU processes, each testing 2 batches of 32: the matrix must hold all 128."""
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), "trainer=ddp_cpu", "debug=limit", *QUIET,
-         "hydra.run.dir=ddp"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    result = train_py("trainer=ddp_cpu", "debug=limit", *QUIET, "hydra.run.dir=ddp", cwd=tmp_path)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     run_dir = tmp_path / "ddp"
     counts = np.loadtxt(run_dir / "confusion_matrix.csv", delimiter=",")

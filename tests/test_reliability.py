@@ -14,7 +14,7 @@ from kindling.models import CNNClassifier
 from kindling.train import run
 from kindling.utils.checkpoint import AtomicCheckpointIO, load_module, without_compile_prefix
 
-from conftest import ROOT
+from conftest import ROOT, train_py
 
 QUIET = ["callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null"]
 REPRODUCIBLE = ["trainer=cpu", "trainer.deterministic=true", "seed=7", "test=false", *QUIET]
@@ -177,10 +177,7 @@ BAD_INPUT = {
 @pytest.mark.parametrize("case", BAD_INPUT)
 def test_bad_input_gives_a_short_clear_error(tmp_path: Path, case: str) -> None:
     args, message = BAD_INPUT[case]
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), *args, "hydra.run.dir=run"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    result = train_py(*args, "hydra.run.dir=run", cwd=tmp_path, timeout=120)
     output = result.stdout + result.stderr
     assert result.returncode != 0
     assert message in output, output[-2000:]
@@ -190,11 +187,9 @@ def test_bad_input_gives_a_short_clear_error(tmp_path: Path, case: str) -> None:
 
 @pytest.mark.slow
 def test_checkpoints_of_another_model_and_other_files_are_refused(tmp_path: Path) -> None:
-    trained = subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), "debug=limit", "trainer=cpu", *QUIET,
-         "hydra.run.dir=cnn"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    trained = train_py(
+        "debug=limit", "trainer=cpu", *QUIET, "hydra.run.dir=cnn", cwd=tmp_path, timeout=300
+    )
     assert trained.returncode == 0, trained.stderr[-2000:]
     (tmp_path / "notes.ckpt").write_text("not a checkpoint")
     cases = {
@@ -202,10 +197,7 @@ def test_checkpoints_of_another_model_and_other_files_are_refused(tmp_path: Path
         "ckpt_path=notes.ckpt": "notes.ckpt is not a readable checkpoint",
     }
     for args, message in cases.items():
-        result = subprocess.run(
-            [sys.executable, str(ROOT / "train.py"), *args.split(), "hydra.run.dir=other"],
-            cwd=tmp_path, capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+        result = train_py(*args.split(), "hydra.run.dir=other", cwd=tmp_path, timeout=120)
         output = result.stdout + result.stderr
         assert result.returncode != 0 and message in output, output[-2000:]
         assert "Traceback" not in output

@@ -1,13 +1,11 @@
 """Optuna searches: the best parameters land in the sweep folder; failed trials are skipped."""
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from conftest import ROOT
+from conftest import train_py
 
 QUICK = [
     "trainer=cpu",
@@ -21,10 +19,9 @@ def search(tmp_path: Path, search_config: str, *overrides: str) -> tuple[str, Pa
     """Run `python train.py -m hparams_search=<search_config>` with configs/ and tmp/configs/."""
     (tmp_path / "configs" / "hparams_search").mkdir(parents=True)
     (tmp_path / "configs" / "hparams_search" / "under_test.yaml").write_text(search_config)
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), "-m", "hparams_search=under_test",
-         f"hydra.searchpath=[file://{tmp_path / 'configs'}]", *QUICK, *overrides],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+    result = train_py(
+        "-m", "hparams_search=under_test", f"hydra.searchpath=[file://{tmp_path / 'configs'}]",
+        *QUICK, *overrides, cwd=tmp_path,
     )  # fmt: skip
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]

@@ -2,8 +2,6 @@
 
 import csv
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +11,7 @@ from kindling.callbacks import DivergenceError
 from kindling.train import run, train_and_test
 from kindling.utils import UserError
 
-from conftest import ROOT, options
+from conftest import options, train_py
 
 QUIET = ["callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null"]
 
@@ -90,16 +88,6 @@ def test_diverging_loss_stops_the_run_naming_the_step(compose_config) -> None:
     cfg = compose_config("trainer=cpu", "debug=limit", "model.optimizer.lr=1e12", *QUIET)
     with pytest.raises(DivergenceError, match=r"NaN or inf at step \d+"):
         train_and_test(cfg)
-
-
-def train_py(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
 
 
 @pytest.mark.slow
