@@ -71,6 +71,9 @@ def test_run_writes_learning_curves_and_confusion_matrix(compose_config, tmp_pat
             assert list(line.get_xdata()) == epochs
     val_acc = [float(r["val/acc"]) for r in rows if r.get("val/acc")]
     np.testing.assert_allclose(curves.axes[1].lines[1].get_ydata(), val_acc, rtol=1e-6)
+    # Train values belong to their own epoch (modules log them after this callback's hook).
+    train_loss = [float(r["train/loss"]) for r in rows if r.get("train/loss")]
+    np.testing.assert_allclose(curves.axes[0].lines[0].get_ydata(), train_loss, rtol=1e-6)
 
     # The matrix counts every test sample once, and its diagonal is the logged test accuracy.
     (confmat,), _ = drawn["confmat"]
