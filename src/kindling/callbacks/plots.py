@@ -95,27 +95,22 @@ class RunPlots(Callback):
         self.history: History = defaultdict(dict)
         self.confusion_matrix: torch.Tensor | None = None  # the last test's, on the CPU
         self._test_confmat: MulticlassConfusionMatrix | None = None
-        self._train_epoch_ended: int | None = None
 
     # Learning curves.
 
     # Modules log their train metrics in their own on_train_epoch_end, which Lightning calls after
     # this callback's: an epoch's train values are read when the next epoch starts or training
-    # ends.
-
-    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._train_epoch_ended = trainer.current_epoch
+    # ends, when Lightning already counts that epoch as completed.
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._record_ended_train_epoch(trainer)
+        self._record_completed_train_epoch(trainer)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._record_ended_train_epoch(trainer)
+        self._record_completed_train_epoch(trainer)
 
-    def _record_ended_train_epoch(self, trainer: L.Trainer) -> None:
-        if self._train_epoch_ended is not None:
-            self._record(trainer, "train", self._train_epoch_ended)
-            self._train_epoch_ended = None
+    def _record_completed_train_epoch(self, trainer: L.Trainer) -> None:
+        if trainer.current_epoch > 0:
+            self._record(trainer, "train", trainer.current_epoch - 1)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # The sanity check runs before the first epoch and is not one.
