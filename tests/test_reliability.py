@@ -1,17 +1,21 @@
 """Resume, pre-emption, checkpoints that load anywhere, and clear errors for bad input."""
 
+import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 from omegaconf import open_dict
 
+import kindling.train
 from kindling.models import CNNClassifier
 from kindling.train import run
+from kindling.utils import instantiate_group
 from kindling.utils.checkpoint import AtomicCheckpointIO, load_module, without_compile_prefix
 
 from conftest import ROOT, train_py
@@ -201,3 +205,27 @@ def test_checkpoints_of_another_model_and_other_files_are_refused(tmp_path: Path
         output = result.stdout + result.stderr
         assert result.returncode != 0 and message in output, output[-2000:]
         assert "Traceback" not in output
+
+
+class SigtermDuringValidation(L.Callback):
+    """Sends this process SIGTERM in the middle of the second epoch's validation."""
+
+    def on_validation_batch_end(self, trainer, *args) -> None:
+        if trainer.current_epoch == 1 and not trainer.sanity_checking:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_sigterm_during_validation_also_saves_a_checkpoint(
+    compose_config, tmp_path: Path, monkeypatch
+) -> None:
+    cfg = compose_config("trainer=cpu", "debug=limit", *QUIET)
+    monkeypatch.setattr(
+        kindling.train, "instantiate_group",
+        lambda config, group: [*instantiate_group(config, group), SigtermDuringValidation()]
+        if group == "callbacks" else instantiate_group(config, group),
+    )  # fmt: skip
+    with pytest.raises(SystemExit) as stopped:
+        run(cfg)
+    assert stopped.value.code == 128 + signal.SIGTERM
+    saved = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert saved["epoch"] == 1

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
@@ -25,7 +26,8 @@ class CheckpointOnInterrupt(Callback):
     ) -> None:
         if not isinstance(exception, SIGTERMException | KeyboardInterrupt):
             return
-        if not trainer.training:
+        # Also during the validation inside fit: Lightning stops there too on SIGTERM.
+        if trainer.state.fn != TrainerFn.FITTING:
             return
         checkpoint_dir = getattr(trainer.checkpoint_callback, "dirpath", None)
         folder = Path(checkpoint_dir or Path(trainer.default_root_dir) / "checkpoints")
