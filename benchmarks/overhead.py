@@ -3,20 +3,23 @@
     python benchmarks/overhead.py                    # every family, on CUDA when present, else CPU
     python benchmarks/overhead.py --models rnn --epochs 9 --repeats 3
 
-For each model (cnn, rnn, lstm, transformer) both sides train the same net (same initial
+For each model (cnn, rnn, lstm, transformer) every side trains the same net (same initial
 weights), with the same optimizer, batch size and batches of the same in-memory data:
 
 - plain: the loop everyone writes (`.to(device)`, forward, loss, backward, step);
+- lightning: the same step in a bare LightningModule, in a Trainer with no callbacks, logger,
+  progress bar or checkpointing: the cost of Lightning's loop alone;
 - kindling: `kindling.modules.Classifier` through the Lightning Trainer that `train.py` builds,
   with kindling's default callbacks (checkpoints, early stopping, progress bar, model summary,
   learning-rate monitor, divergence check) and CSV logger.
 
 The timed part is the training steps of an epoch: from the start of the epoch to its end (plain)
-or to the start of validation (kindling), with the device synchronised before each clock read.
-Both run in one process, epoch by epoch: each kindling epoch has a plain epoch right next to it
-(before it, then after it, in turn), and the first epoch of each side is warm-up. The ratio
-reported is the median over all pairs of kindling / plain, with its quartiles; ms/step and
-samples/s are the medians of each side. A run is repeated `--repeats` times.
+or to the start of validation (Trainer), with the device synchronised before each clock read.
+Each Trainer side runs in one process with the plain loop, epoch by epoch: each of its epochs
+has a plain epoch right next to it (before it, then after it, in turn), and the first epoch of
+each side is warm-up. A side's ratio is the median over all pairs of side / plain, with its
+quartiles; kindling / lightning is the quotient of the two medians. ms/step and samples/s are
+the medians of each side. Each side's run is repeated `--repeats` times.
 Writes `overhead.json` and `overhead.md` to `benchmarks/results/` (or `--out`).
 """
 
@@ -25,6 +28,7 @@ import json
 import os
 import platform
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
@@ -45,6 +49,7 @@ from kindling.utils.cuda import use_plain_cuda_check_without_gpu
 
 ROOT = Path(__file__).resolve().parents[1]
 IMAGE_SHAPE = (1, 28, 28)
+SIDES = ("kindling", "lightning")
 
 
 def synthetic_images(num: int, seed: int = 0) -> Split:
@@ -126,18 +131,38 @@ class PlainLoop:
         return time.perf_counter() - start
 
 
+class BareModule(L.LightningModule):
+    """The plain loop's step as a LightningModule: what Lightning's loop costs by itself."""
+
+    def __init__(self, net: torch.nn.Module, optimizer) -> None:
+        super().__init__()
+        self.net = net
+        self.optimizer_factory = optimizer
+
+    def training_step(self, batch, batch_idx):
+        images, targets = batch
+        return F.cross_entropy(self.net(images), targets)
+
+    def validation_step(self, batch, batch_idx) -> None:
+        images, targets = batch
+        F.cross_entropy(self.net(images), targets)
+
+    def configure_optimizers(self):
+        return self.optimizer_factory(params=self.parameters())
+
+
 class InterleavedTimer(Callback):
-    """Times each kindling training epoch (its start to the start of validation) and runs one
+    """Times each Trainer training epoch (its start to the start of validation) and runs one
     plain epoch next to it: before it on even epochs, after its validation on odd ones.
 
     Epoch times on a shared machine drift by 10-20% from run to run; two epochs seconds apart
-    see the same machine, so their ratio is what measures kindling's cost.
+    see the same machine, so their ratio is what measures the Trainer side's cost.
     """
 
     def __init__(self, plain: PlainLoop) -> None:
         self.plain = plain
         self.plain_times: list[float] = []
-        self.kindling_times: list[float] = []
+        self.trainer_times: list[float] = []
         self._start = 0.0
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
@@ -150,7 +175,7 @@ class InterleavedTimer(Callback):
         if trainer.sanity_checking:
             return
         sync(trainer.strategy.root_device)
-        self.kindling_times.append(time.perf_counter() - self._start)
+        self.trainer_times.append(time.perf_counter() - self._start)
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         # After validation: it runs without autograd, which the plain loop needs.
@@ -158,8 +183,11 @@ class InterleavedTimer(Callback):
             self.plain_times.append(self.plain.epoch())
 
 
-def time_both(model: str, args, tmp: Path, device: torch.device) -> tuple[InterleavedTimer, int]:
-    """One kindling fit of `args.epochs` epochs with a plain epoch next to each."""
+def time_against_plain(
+    side: str, model: str, args, tmp: Path, device: torch.device
+) -> tuple[InterleavedTimer, int]:
+    """One fit of `args.epochs` epochs on `side` ("kindling" or "lightning") with a plain epoch
+    next to each."""
     cfg = compose_kindling(model, args.accelerator, args.epochs, tmp, tuple(args.overrides))
     datamodule = SyntheticDataModule(
         num_train=args.samples, data_dir=str(tmp), num_classes=10, image_shape=list(IMAGE_SHAPE),
@@ -168,10 +196,18 @@ def time_both(model: str, args, tmp: Path, device: torch.device) -> tuple[Interl
     datamodule.setup("fit")  # the plain loop trains on the same standardised split
     timer = InterleavedTimer(PlainLoop(cfg, datamodule, args.batch_size, device))
     L.seed_everything(0, workers=True)
-    module = instantiate(cfg.model, _convert_="all")
-    callbacks = [*instantiate_group(cfg.callbacks, "callbacks"), timer]
-    loggers = instantiate_group(cfg.logger, "logger")
-    trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers, _convert_="all")
+    if side == "kindling":
+        module = instantiate(cfg.model, _convert_="all")
+        callbacks = [*instantiate_group(cfg.callbacks, "callbacks"), timer]
+        loggers = instantiate_group(cfg.logger, "logger")
+        trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers, _convert_="all")
+    else:
+        module = BareModule(instantiate(cfg.model.net), instantiate(cfg.model.optimizer))
+        trainer = L.Trainer(
+            accelerator=args.accelerator, devices=1, max_epochs=args.epochs, callbacks=[timer],
+            logger=False, enable_checkpointing=False, enable_progress_bar=False,
+            enable_model_summary=False, default_root_dir=tmp,
+        )  # fmt: skip
     trainer.fit(module, datamodule=datamodule)
     return timer, trainer.num_training_batches
 
@@ -185,6 +221,10 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--accelerator", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument(
+        "--sides", nargs="+", choices=SIDES, default=list(SIDES),
+        help="what to time against the plain loop",
+    )  # fmt: skip
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for kindling's side")
     args = parser.parse_args()
     use_plain_cuda_check_without_gpu()  # as train.py does
@@ -192,37 +232,11 @@ def main() -> None:
     device = torch.device("cuda" if args.accelerator in ("cuda", "gpu") else "cpu")
     hardware = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
     results = []
-    tmp = Path("/tmp") / "kindling-benchmark"
-    for model in args.models:
-        plain_runs, kindling_runs = [], []
-        for _ in range(args.repeats):
-            timer, steps = time_both(model, args, tmp / "kindling", device)
-            # The first epoch of each side is warm-up.
-            plain_runs += timer.plain_times[1:]
-            kindling_runs += timer.kindling_times[1:]
-        ratios = sorted(k / p for k, p in zip(kindling_runs, plain_runs, strict=True))
-        quartiles = statistics.quantiles(ratios, n=4)
-        plain, kindling = statistics.median(plain_runs), statistics.median(kindling_runs)
-        row = {
-            "model": model,
-            "steps_per_epoch": steps,
-            "plain_ms_per_step": 1000 * plain / steps,
-            "kindling_ms_per_step": 1000 * kindling / steps,
-            "plain_samples_per_s": steps * args.batch_size / plain,
-            "kindling_samples_per_s": steps * args.batch_size / kindling,
-            "ratio": statistics.median(ratios),
-            "ratio_q1": quartiles[0],
-            "ratio_q3": quartiles[2],
-            "plain_epoch_s": plain_runs,
-            "kindling_epoch_s": kindling_runs,
-        }
-        results.append(row)
-        print(
-            f"{model:12s} plain {row['plain_ms_per_step']:7.2f} ms/step  "
-            f"kindling {row['kindling_ms_per_step']:7.2f} ms/step  ratio {row['ratio']:.3f} "
-            f"(quartiles {row['ratio_q1']:.3f}-{row['ratio_q3']:.3f})",
-            flush=True,
-        )
+    with tempfile.TemporaryDirectory(prefix="kindling-benchmark-") as tmp:
+        for model in args.models:
+            row = time_model(model, args, Path(tmp), device)
+            results.append(row)
+            print(summary_line(row, args.sides), flush=True)
 
     report = {
         "device": str(device),
@@ -235,23 +249,80 @@ def main() -> None:
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "overhead.json").write_text(json.dumps(report, indent=2))
-    lines = [
+    title = (
         f"Device: {device} ({hardware}), torch {torch.__version__}, lightning {L.__version__}, "
         f"{args.samples} samples of {IMAGE_SHAPE}, batch {args.batch_size}, "
-        f"{args.repeats} runs x {args.epochs - 1} timed pairs of epochs",
-        "",
-        "| model | plain ms/step | kindling ms/step | plain samples/s | kindling samples/s "
-        "| kindling / plain | quartiles |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]
-    lines += [
-        f"| {r['model']} | {r['plain_ms_per_step']:.2f} | {r['kindling_ms_per_step']:.2f} "
-        f"| {r['plain_samples_per_s']:.0f} | {r['kindling_samples_per_s']:.0f} | {r['ratio']:.3f} "
-        f"| {r['ratio_q1']:.3f}-{r['ratio_q3']:.3f} |"
-        for r in results
-    ]
+        f"{args.repeats} runs x {args.epochs - 1} timed pairs of epochs per side"
+    )
+    lines = [title, "", *markdown_table(results, args.sides)]
     (args.out / "overhead.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+def time_model(model: str, args, tmp: Path, device: torch.device) -> dict:
+    """Every side's epochs against plain epochs, the sides' runs taking turns."""
+    epochs: dict[str, dict[str, list[float]]] = {
+        side: {"plain": [], "side": []} for side in args.sides
+    }
+    steps = 0
+    for _ in range(args.repeats):
+        for side in args.sides:
+            timer, steps = time_against_plain(side, model, args, tmp / side, device)
+            # The first epoch of each side is warm-up.
+            epochs[side]["plain"] += timer.plain_times[1:]
+            epochs[side]["side"] += timer.trainer_times[1:]
+    row: dict = {"model": model, "steps_per_epoch": steps}
+    all_plain = [t for side in args.sides for t in epochs[side]["plain"]]
+    row["plain_ms_per_step"] = 1000 * statistics.median(all_plain) / steps
+    row["plain_samples_per_s"] = steps * args.batch_size / statistics.median(all_plain)
+    for side in args.sides:
+        ratios = [t / p for t, p in zip(epochs[side]["side"], epochs[side]["plain"], strict=True)]
+        q1, _, q3 = statistics.quantiles(ratios, n=4)
+        seconds = statistics.median(epochs[side]["side"])
+        row[side] = {
+            "ms_per_step": 1000 * seconds / steps,
+            "samples_per_s": steps * args.batch_size / seconds,
+            "ratio": statistics.median(ratios),
+            "ratio_q1": q1,
+            "ratio_q3": q3,
+            "epoch_s": epochs[side]["side"],
+            "plain_epoch_s": epochs[side]["plain"],
+        }
+    if {"kindling", "lightning"} <= set(args.sides):
+        row["kindling_over_lightning"] = row["kindling"]["ratio"] / row["lightning"]["ratio"]
+    return row
+
+
+def summary_line(row: dict, sides: list[str]) -> str:
+    parts = [f"{row['model']:12s} plain {row['plain_ms_per_step']:7.2f} ms/step"]
+    for side in sides:
+        r = row[side]
+        parts.append(
+            f"{side} {r['ms_per_step']:7.2f} ms/step, x{r['ratio']:.3f} "
+            f"({r['ratio_q1']:.3f}-{r['ratio_q3']:.3f})"
+        )
+    return "  ".join(parts)
+
+
+def markdown_table(results: list[dict], sides: list[str]) -> list[str]:
+    header = ["model", "plain ms/step", *(f"{side} ms/step" for side in sides)]
+    header += ["plain samples/s", *(f"{side} samples/s" for side in sides)]
+    header += [f"{side} / plain (quartiles)" for side in sides]
+    both = "kindling_over_lightning" in results[0]
+    header += ["kindling / lightning"] if both else []
+    lines = ["| " + " | ".join(header) + " |", "| --- |" + " ---: |" * (len(header) - 1)]
+    for row in results:
+        cells = [row["model"], f"{row['plain_ms_per_step']:.2f}"]
+        cells += [f"{row[side]['ms_per_step']:.2f}" for side in sides]
+        cells += [f"{row['plain_samples_per_s']:.0f}"]
+        cells += [f"{row[side]['samples_per_s']:.0f}" for side in sides]
+        cells += [
+            f"{row[side]['ratio']:.3f} ({row[side]['ratio_q1']:.3f}-{row[side]['ratio_q3']:.3f})"
+            for side in sides
+        ]
+        cells += [f"{row['kindling_over_lightning']:.3f}"] if both else []
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ step takes S ms pays them as a fraction 1/S of its epoch.
 import argparse
 import functools
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
@@ -35,6 +36,7 @@ from kindling.utils import instantiate_group
 from kindling.utils.cuda import use_plain_cuda_check_without_gpu
 
 STEPS, BATCH, EPOCHS = 150, 128, 4
+SCRATCH = tempfile.TemporaryDirectory(prefix="kindling-step-floor-")  # logs and checkpoints
 
 
 def tiny_net() -> nn.Module:
@@ -108,7 +110,7 @@ def time_lightning(module: L.LightningModule, kindling_defaults: bool) -> list[f
     callbacks, logger = [timer], False
     bare = {"enable_checkpointing": False, "enable_progress_bar": False}
     if kindling_defaults:
-        cfg = compose_kindling("cnn", "cpu", EPOCHS, Path("/tmp/kindling-step-floor"))
+        cfg = compose_kindling("cnn", "cpu", EPOCHS, Path(SCRATCH.name))
         callbacks += instantiate_group(cfg.callbacks, "callbacks")
         logger, bare = instantiate_group(cfg.logger, "logger"), {}
     trainer = L.Trainer(
