@@ -3,9 +3,11 @@
     python benchmarks/process.py --workload digits --epochs 10 --repeats 5
     python benchmarks/process.py --workload mnist --epochs 2 --repeats 5
 
-Both are started as fresh processes (imports, data loading, training, validation every epoch,
-checkpoints, the final test: everything a user waits for) and timed by the wall clock, back to
-back, alternating which goes first. Workloads:
+Three sides: `plain_train.py` (the script a user writes by hand), `lightning_train.py` (the same
+through a bare Lightning Trainer: the floor of any Lightning script) and `python train.py`.
+Each is started as a fresh process (imports, data loading, training, validation every epoch,
+checkpoints, the final test: everything a user waits for) and timed by the wall clock; one
+repeat runs the three back to back, each repeat in a different order. Workloads:
 
 - digits: the default experiment (CNN on scikit-learn's 8x8 digits, batch 64);
 - mnist: `data=mnist` (CNN on 28x28 images, batch 128) from MNIST-sized IDX files (60,000 train
@@ -42,11 +44,19 @@ def commands(workload: str, epochs: int, accelerator: str, data_dir: Path) -> di
         f"trainer.accelerator={accelerator}", "callbacks.early_stopping=null",
     ]  # fmt: skip
     plain = [sys.executable, str(ROOT / "benchmarks" / "plain_train.py"), f"--epochs={epochs}"]
+    lightning = [sys.executable, str(ROOT / "benchmarks" / "lightning_train.py"), *plain[2:]]
     if workload == "mnist":
         write_mnist(data_dir, num_train=60_000, num_test=10_000)
         kindling += ["data=mnist", "data.num_workers=0", f"paths.data_dir={data_dir}"]
-        plain += ["--data=mnist", f"--data-dir={data_dir}", "--batch-size=128"]
-    return {"plain": plain, "kindling": kindling}
+        for script in (plain, lightning):
+            script += ["--data=mnist", f"--data-dir={data_dir}", "--batch-size=128"]
+    return {"plain": plain, "lightning": lightning, "kindling": kindling}
+
+
+def paired_ratio(numerator: list[float], denominator: list[float]) -> dict[str, float]:
+    """Median and range of the per-repeat ratios: runs seconds apart see the same machine."""
+    ratios = sorted(n / d for n, d in zip(numerator, denominator, strict=True))
+    return {"median": statistics.median(ratios), "min": ratios[0], "max": ratios[-1]}
 
 
 def main() -> None:
@@ -57,35 +67,31 @@ def main() -> None:
     parser.add_argument("--accelerator", default="auto")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args()
-    times: dict[str, list[float]] = {"plain": [], "kindling": []}
+    names = ["plain", "lightning", "kindling"]
+    times: dict[str, list[float]] = {name: [] for name in names}
     with tempfile.TemporaryDirectory() as data_dir:
         sides = commands(args.workload, args.epochs, args.accelerator, Path(data_dir))
         for repeat in range(args.repeats):
-            order = ["plain", "kindling"] if repeat % 2 == 0 else ["kindling", "plain"]
-            for name in order:
+            for name in names[repeat % 3 :] + names[: repeat % 3]:  # each side first in turn
                 with tempfile.TemporaryDirectory() as folder:
                     times[name].append(wall_time(sides[name], Path(folder)))
-            print(f"run {repeat + 1}: plain {times['plain'][-1]:.2f} s, "
-                  f"kindling {times['kindling'][-1]:.2f} s", flush=True)  # fmt: skip
-    # Back-to-back runs: their ratio cancels the drift of a shared machine.
-    ratios = sorted(k / p for k, p in zip(times["kindling"], times["plain"], strict=True))
-    plain_s, kindling_s = statistics.median(times["plain"]), statistics.median(times["kindling"])
+            print(f"run {repeat + 1}: " + ", ".join(f"{n} {times[n][-1]:.2f} s" for n in names),
+                  flush=True)  # fmt: skip
     report = {
         "workload": args.workload,
         "epochs": args.epochs,
-        "plain_s": times["plain"],
-        "kindling_s": times["kindling"],
-        "ratio": statistics.median(ratios),
-        "ratio_min": ratios[0],
-        "ratio_max": ratios[-1],
+        **{f"{name}_s": times[name] for name in names},
+        "ratios": {
+            f"{a} / {b}": paired_ratio(times[a], times[b])
+            for a, b in (("lightning", "plain"), ("kindling", "plain"), ("kindling", "lightning"))
+        },
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"process_{args.workload}.json").write_text(json.dumps(report, indent=2))
-    print(
-        f"{args.workload}, {args.epochs} epochs: plain {plain_s:.2f} s, "
-        f"kindling {kindling_s:.2f} s (medians of {args.repeats}); "
-        f"kindling / plain = {report['ratio']:.3f} (range {ratios[0]:.3f}-{ratios[-1]:.3f})"
-    )
+    medians = ", ".join(f"{n} {statistics.median(times[n]):.2f} s" for n in names)
+    print(f"{args.workload}, {args.epochs} epochs, medians of {args.repeats}: {medians}")
+    for label, ratio in report["ratios"].items():
+        print(f"  {label} = {ratio['median']:.3f} (range {ratio['min']:.3f}-{ratio['max']:.3f})")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,78 @@
+"""`plain_train.py` through a bare Lightning Trainer: the floor any Lightning script pays.
+
+The same split, net, optimizer, schedule, batch size and epochs as `plain_train.py`, in a
+minimal LightningModule; the Trainer has no logger, progress bar or model summary, and one
+ModelCheckpoint that keeps the last epoch and the best validation accuracy, as the plain script
+does. It validates every epoch and tests the best checkpoint at the end. `benchmarks/process.py`
+times it as the "lightning" side, between the plain script and `python train.py`.
+
+    python benchmarks/lightning_train.py --epochs 10
+"""
+
+import argparse
+import time
+from pathlib import Path
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.callbacks import ModelCheckpoint
+from plain_train import digits_splits, mnist_splits
+from torch.utils.data import DataLoader, TensorDataset
+
+from kindling.models import CNNClassifier
+
+
+class BareClassifier(L.LightningModule):
+    def __init__(self, image_shape: tuple[int, ...], epochs: int) -> None:
+        super().__init__()
+        self.net = CNNClassifier(image_shape=image_shape, num_classes=10, channels=[32, 64])
+        self.epochs = epochs
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return F.cross_entropy(self.net(x), y)
+
+    def validation_step(self, batch, batch_idx) -> None:
+        x, y = batch
+        self.log("val/acc", (self.net(x).argmax(1) == y).float().mean())
+
+    def test_step(self, batch, batch_idx) -> None:
+        x, y = batch
+        self.log("test/acc", (self.net(x).argmax(1) == y).float().mean())
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.AdamW(self.parameters(), lr=0.003, weight_decay=0.01)
+        scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=self.epochs)
+        return [optimizer], [scheduler]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--data", choices=["digits", "mnist"], default="digits")
+    parser.add_argument("--data-dir", type=Path, default=Path("data"))
+    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--out", type=Path, default=Path("lightning_run"))
+    args = parser.parse_args()
+    start = time.perf_counter()
+    torch.manual_seed(12345)
+    train, val, test = digits_splits() if args.data == "digits" else mnist_splits(args.data_dir)
+    train_loader, val_loader, test_loader = (
+        DataLoader(TensorDataset(*split), batch_size=args.batch_size, shuffle=shuffle)
+        for split, shuffle in ((train, True), (val, False), (test, False))
+    )
+    module = BareClassifier(tuple(train[0].shape[1:]), args.epochs)
+    trainer = L.Trainer(
+        max_epochs=args.epochs, default_root_dir=args.out, logger=False,
+        enable_progress_bar=False, enable_model_summary=False,
+        callbacks=[ModelCheckpoint(args.out, monitor="val/acc", mode="max", save_last=True)],
+    )  # fmt: skip
+    trainer.fit(module, train_loader, val_loader)
+    (result,) = trainer.test(module, test_loader, ckpt_path="best", verbose=False)
+    print(f"test/acc {result['test/acc']:.4f}")
+    print(f"seconds {time.perf_counter() - start:.2f}")
+
+
+if __name__ == "__main__":
+    main()
