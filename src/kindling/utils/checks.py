@@ -77,7 +77,8 @@ def check_value_types(cfg: DictConfig) -> None:
     """A command-line value that is not a number where the config's own value is one.
 
     `trainer.max_epochs=abc` would otherwise fail deep inside Lightning. The config is composed
-    again with the same group choices but without value overrides, to learn each key's type.
+    again with the same group choices but without value overrides, to learn each key's type;
+    only when some value given is not a number, bool or null (a composition takes 0.3 s).
     """
     if not (HydraConfig.initialized() and GlobalHydra.instance().is_initialized()):
         return
@@ -90,6 +91,8 @@ def check_value_types(cfg: DictConfig) -> None:
             choices.append(override)
         elif not key.startswith(("+", "~")):
             values[key] = value
+    scalar = int | float | bool | None
+    values = {k: v for k, v in values.items() if not isinstance(OmegaConf.select(cfg, k), scalar)}
     if not values:
         return
     # Config folders added with hydra.searchpath= must be searched again.
