@@ -162,3 +162,27 @@ def test_throughput_callback_logs_samples_per_second_and_counts_flops(compose_co
     first_conv, second_conv = 16 * 2 * 8 * 8 * 4 * 9 * 1, 16 * 2 * 8 * 8 * 4 * 9 * 4
     head = 16 * 2 * 4 * 10
     assert flops == 3 * (first_conv + second_conv + head) - first_conv
+
+
+@pytest.mark.parametrize("model", ["cnn", "transformer"])
+def test_model_summary_shows_flops_and_sizes_of_one_example_image(compose_config, model) -> None:
+    from hydra.utils import instantiate
+    from lightning.pytorch.utilities.model_summary import ModelSummary
+    from torch.utils.flop_counter import FlopCounterMode
+
+    cfg = compose_config(f"model={model}")
+    module = instantiate(cfg.model, _convert_="all")
+    image_shape = list(cfg.data.image_shape)
+    summary = ModelSummary(module, max_depth=1)
+
+    module.net.eval()
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        module.net(torch.zeros(1, *image_shape))
+    assert summary.total_flops == counter.get_total_flops() > 0
+    assert summary.in_sizes[summary.layer_names.index("net")] == [1, *image_shape]
+    assert summary.out_sizes[summary.layer_names.index("net")] == [1, cfg.data.num_classes]
+
+    # A compiled net would compile once more for the example: no example, no FLOPs.
+    compiled = instantiate(compose_config(f"model={model}", "model.compile=true").model)
+    assert compiled.example_input_array is None
+    assert ModelSummary(compiled, max_depth=1).total_flops == 0

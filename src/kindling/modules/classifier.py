@@ -1,5 +1,6 @@
 """Image classification around any net that maps `(B, C, H, W)` to logits `(B, num_classes)`."""
 
+from collections.abc import Sequence
 from typing import Any
 
 import lightning as L
@@ -29,6 +30,10 @@ class Classifier(L.LightningModule):
         compile_mode: `torch.compile` mode (`default`, `reduce-overhead`, `max-autotune`).
         channels_last: store conv weights and inputs as NHWC, the layout tensor cores read
             fastest (a CNN on a GPU, mostly with mixed precision).
+        example_input_shape: the shape of one input (`[C, H, W]`). The model summary then runs
+            one zero image through the net at the start of fit and shows each layer's input and
+            output sizes and FLOPs (as torch's FlopCounterMode counts them: recurrent layers
+            count 0). Left out of compiled runs, where it would cost a compilation of its own.
     """
 
     def __init__(
@@ -41,6 +46,7 @@ class Classifier(L.LightningModule):
         compile: bool = False,
         compile_mode: str | None = None,
         channels_last: bool = False,
+        example_input_shape: Sequence[int] | None = None,
     ):
         super().__init__()
         # Only plain values go into checkpoints; the net, optimizer and scheduler come from config.
@@ -54,6 +60,8 @@ class Classifier(L.LightningModule):
         # Saved in checkpoints (unlike the other metrics), so a resumed run keeps its best.
         self.val_acc_best = MaxMetric()
         self.val_acc_best.persistent(True)
+        if example_input_shape is not None and not compile:
+            self.example_input_array = torch.zeros(1, *example_input_shape)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         if self.hparams.channels_last:
