@@ -9,16 +9,13 @@ times it as the "lightning" side, between the plain script and `python train.py`
     python benchmarks/lightning_train.py --epochs 10
 """
 
-import argparse
 import time
-from pathlib import Path
 
 import lightning as L
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.callbacks import ModelCheckpoint
-from plain_train import digits_splits, mnist_splits
-from torch.utils.data import DataLoader, TensorDataset
+from plain_train import data_loaders, parse_args
 
 from kindling.models import CNNClassifier
 
@@ -48,21 +45,11 @@ class BareClassifier(L.LightningModule):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--data", choices=["digits", "mnist"], default="digits")
-    parser.add_argument("--data-dir", type=Path, default=Path("data"))
-    parser.add_argument("--epochs", type=int, default=10)
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--out", type=Path, default=Path("lightning_run"))
-    args = parser.parse_args()
+    args = parse_args("lightning_run")
     start = time.perf_counter()
     torch.manual_seed(12345)
-    train, val, test = digits_splits() if args.data == "digits" else mnist_splits(args.data_dir)
-    train_loader, val_loader, test_loader = (
-        DataLoader(TensorDataset(*split), batch_size=args.batch_size, shuffle=shuffle)
-        for split, shuffle in ((train, True), (val, False), (test, False))
-    )
-    module = BareClassifier(tuple(train[0].shape[1:]), args.epochs)
+    train_loader, val_loader, test_loader = data_loaders(args)
+    module = BareClassifier(tuple(train_loader.dataset.tensors[0].shape[1:]), args.epochs)
     trainer = L.Trainer(
         max_epochs=args.epochs, default_root_dir=args.out, logger=False,
         enable_progress_bar=False, enable_model_summary=False,

@@ -66,23 +66,33 @@ def evaluate(net, loader, device) -> float:
     return correct / total
 
 
-def main() -> None:
+def parse_args(default_out: str) -> argparse.Namespace:
+    """The command line of this script and of `lightning_train.py`."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--data", choices=["digits", "mnist"], default="digits")
     parser.add_argument("--data-dir", type=Path, default=Path("data"))
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--out", type=Path, default=Path("plain_run"))
-    args = parser.parse_args()
-    start = time.perf_counter()
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    torch.manual_seed(12345)
+    parser.add_argument("--out", type=Path, default=Path(default_out))
+    return parser.parse_args()
+
+
+def data_loaders(args: argparse.Namespace) -> list[DataLoader]:
+    """Train (shuffled), validation and test loaders of the data set `args` names."""
     train, val, test = digits_splits() if args.data == "digits" else mnist_splits(args.data_dir)
-    loaders = [
+    return [
         DataLoader(TensorDataset(*split), batch_size=args.batch_size, shuffle=shuffle)
         for split, shuffle in ((train, True), (val, False), (test, False))
     ]
-    image_shape = tuple(train[0].shape[1:])
+
+
+def main() -> None:
+    args = parse_args("plain_run")
+    start = time.perf_counter()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(12345)
+    loaders = data_loaders(args)
+    image_shape = tuple(loaders[0].dataset.tensors[0].shape[1:])
     net = CNNClassifier(image_shape=image_shape, num_classes=10, channels=[32, 64]).to(device)
     optimizer = torch.optim.AdamW(net.parameters(), lr=0.003, weight_decay=0.01)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.epochs)
