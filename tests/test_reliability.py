@@ -172,6 +172,7 @@ BAD_INPUT = {
         "must divide evenly over 2 processes",
     ),
     "non-numeric value": (["model.optimizer.lr=fast"], "model.optimizer.lr must be a number"),
+    "null number": (["trainer.max_epochs=null"], "trainer.max_epochs must be a number"),
     "data missing offline": (["data=mnist", "data.download=false"], "MNIST/raw"),
     "test without checkpoint": (["train=false"], "give it with ckpt_path=<file>"),
 }
