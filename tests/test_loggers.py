@@ -3,6 +3,7 @@
 import csv
 import json
 import struct
+import time
 from pathlib import Path
 
 import pytest
@@ -81,6 +82,8 @@ def read_wandb_records(path: Path) -> list | None:
             position += block - position % block
             continue
         _, length, kind = struct.unpack("<IHB", raw[position : position + 7])
+        if position + 7 + length > len(raw):  # a chunk still being written
+            break
         data = raw[position + 7 : position + 7 + length]
         position += 7 + length
         pending = data if kind in (1, 2) else pending + data  # 1 full, 2 first, 3 middle, 4 last
@@ -89,6 +92,30 @@ def read_wandb_records(path: Path) -> list | None:
             record.ParseFromString(pending)
             records.append(record)
     return records
+
+
+def wandb_history(run_file: Path, last_metric: str, timeout: float = 30.0) -> list[dict] | None:
+    """The history rows of an offline `.wandb` file, or None for an unknown format.
+
+    wandb's service writes the file from its own process and may still be flushing it when
+    `wandb.finish()` returns: read again until `last_metric` is there or `timeout` passes.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        records = read_wandb_records(run_file)
+        if records is None:
+            return None
+        history = [
+            {
+                item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                for item in record.history.item
+            }
+            for record in records
+            if record.WhichOneof("record_type") == "history"
+        ]
+        if any(last_metric in row for row in history) or time.monotonic() > deadline:
+            return history
+        time.sleep(0.5)
 
 
 def test_wandb_offline_run_holds_the_metrics(compose_config, tmp_path, monkeypatch) -> None:
@@ -104,17 +131,9 @@ def test_wandb_offline_run_holds_the_metrics(compose_config, tmp_path, monkeypat
     run_dir = tmp_path / "run"
 
     (run_file,) = (run_dir / "wandb").glob("offline-run-*/run-*.wandb")
-    records = read_wandb_records(run_file)
-    if records is None:
+    history = wandb_history(run_file, last_metric="test/acc")
+    if history is None:
         pytest.skip(f"unknown .wandb file format in {run_file}")
-    history = [
-        {
-            item.key or "/".join(item.nested_key): json.loads(item.value_json)
-            for item in record.history.item
-        }
-        for record in records
-        if record.WhichOneof("record_type") == "history"
-    ]
     val_acc = [row["val/acc"] for row in history if "val/acc" in row]
     assert val_acc == pytest.approx(csv_series(run_dir, "val/acc"))
     assert len(val_acc) == EPOCHS
