@@ -186,3 +186,14 @@ def test_model_summary_shows_flops_and_sizes_of_one_example_image(compose_config
     compiled = instantiate(compose_config(f"model={model}", "model.compile=true").model)
     assert compiled.example_input_array is None
     assert ModelSummary(compiled, max_depth=1).total_flops == 0
+
+
+def test_a_run_that_stops_before_its_first_validation_still_finishes(compose_config) -> None:
+    # Early stopping checks after each validation; at the end of a training epoch it would find
+    # no val/acc yet and raise.
+    cfg = compose_config("trainer=cpu", "+trainer.max_steps=3", "optimized_metric=null", *QUIET)
+    assert run(cfg) is None
+    rows = read_metrics(Path(cfg.paths.output_dir))
+    assert not any(row.get("val/acc") for row in rows)
+    assert last_value(rows, "test/acc") >= 0.0
+    assert (Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt").is_file()
