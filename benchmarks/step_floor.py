@@ -27,7 +27,7 @@ from pathlib import Path
 import lightning as L
 import torch
 import torch.nn.functional as F
-from overhead import compose_kindling, cpu_name
+from overhead import BareModule, compose_kindling, cpu_name
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -41,22 +41,6 @@ SCRATCH = tempfile.TemporaryDirectory(prefix="kindling-step-floor-")  # logs and
 
 def tiny_net() -> nn.Module:
     return nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
-
-
-class MinimalModule(L.LightningModule):
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = tiny_net()
-
-    def training_step(self, batch, batch_idx):
-        images, targets = batch
-        return F.cross_entropy(self.net(images), targets)
-
-    def validation_step(self, batch, batch_idx) -> None:
-        self.log("val/acc", torch.tensor(0.5))  # what the default callbacks monitor
-
-    def configure_optimizers(self):
-        return torch.optim.AdamW(self.parameters())
 
 
 class ClassifierLoggingEveryStep(Classifier):
@@ -129,7 +113,9 @@ def classifier(module_class: type[Classifier] = Classifier) -> Classifier:
 
 ROWS = {
     "plain loop": time_plain,
-    "Lightning, minimal module": lambda: time_lightning(MinimalModule(), False),
+    "Lightning, minimal module": lambda: time_lightning(
+        BareModule(tiny_net(), functools.partial(torch.optim.AdamW)), False
+    ),
     "+ kindling's Classifier": lambda: time_lightning(classifier(), False),
     "+ kindling's callbacks and CSV logger": lambda: time_lightning(classifier(), True),
     "Classifier logging its metrics every step": lambda: time_lightning(
