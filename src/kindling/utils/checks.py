@@ -1,7 +1,6 @@
 """Checks of the config that fail fast, with a message that names the problem and the fix."""
 
 import os
-from numbers import Number
 from pathlib import Path
 
 import torch
@@ -74,6 +73,10 @@ def check_checkpoint(path: Path, model: DictConfig) -> None:
         )
 
 
+def is_number(value: object) -> bool:
+    return isinstance(value, int | float)
+
+
 def check_value_types(cfg: DictConfig) -> None:
     """A command-line value that is not a number where the config's own value is one.
 
@@ -91,10 +94,9 @@ def check_value_types(cfg: DictConfig) -> None:
         key, _, value = override.partition("=")
         if key.lstrip("+~") in groups:
             choices.append(override)
-        elif not key.startswith(("+", "~")):
+        # A number given is fine wherever it goes; only other values need the defaults' types.
+        elif not key.startswith(("+", "~")) and not is_number(OmegaConf.select(cfg, key)):
             values[key] = value
-    # A number given is fine wherever it goes; only the other values need the defaults' types.
-    values = {k: v for k, v in values.items() if not isinstance(OmegaConf.select(cfg, k), Number)}
     if not values:
         return
     # Config folders added with hydra.searchpath= must be searched again.
@@ -105,6 +107,6 @@ def check_value_types(cfg: DictConfig) -> None:
         return
     for key, given in values.items():
         default = OmegaConf.select(defaults, key, throw_on_resolution_failure=False)
-        expects_number = isinstance(default, int | float) and not isinstance(default, bool)
-        if expects_number and not isinstance(OmegaConf.select(cfg, key), int | float):
+        expects_number = is_number(default) and not isinstance(default, bool)
+        if expects_number and not is_number(OmegaConf.select(cfg, key)):
             raise UserError(f"{key} must be a number (its default is {default}), got {given!r}.")
