@@ -2,6 +2,7 @@
 
     python benchmarks/overhead.py                    # every family, on CUDA when present, else CPU
     python benchmarks/overhead.py --models rnn --epochs 9 --repeats 3
+    python benchmarks/overhead.py --measure instructions --models rnn --epochs 3 --repeats 1
 
 For each model (cnn, rnn, lstm, transformer) every side trains the same net (same initial
 weights), with the same optimizer, batch size and batches of the same in-memory data:
@@ -20,6 +21,10 @@ has a plain epoch right next to it (before it, then after it, in turn), and the 
 each side is warm-up. A side's ratio is the median over all pairs of side / plain, with its
 quartiles; kindling / lightning is the quotient of the two medians. ms/step and samples/s are
 the medians of each side. Each side's run is repeated `--repeats` times.
+
+`--measure instructions` counts instructions instead of seconds (valgrind's callgrind, CPU,
+one thread; see meters.py): the same count for the same work, however busy the machine, at
+about 50 times the run time. The table then gives millions of instructions per step.
 Writes `overhead.json` and `overhead.md` to `benchmarks/results/` (or `--out`).
 """
 
@@ -29,7 +34,6 @@ import os
 import platform
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import lightning as L
@@ -39,6 +43,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import Callback
+from meters import PER_STEP, make_meter
 from omegaconf import open_dict
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -78,11 +83,6 @@ def cpu_name() -> str:
     return platform.processor() or "unknown CPU"
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def compose_kindling(
     model: str, accelerator: str, epochs: int, tmp: Path, overrides: tuple[str, ...] = ()
 ):
@@ -105,7 +105,9 @@ def compose_kindling(
 class PlainLoop:
     """The loop everyone writes, on its own copy of the net (same initial weights)."""
 
-    def __init__(self, cfg, datamodule: ImageDataModule, batch_size: int, device: torch.device):
+    def __init__(
+        self, cfg, datamodule: ImageDataModule, batch_size: int, device: torch.device, meter
+    ) -> None:
         L.seed_everything(0, workers=True)
         self.net = instantiate(cfg.model.net).to(device)
         self.optimizer = instantiate(cfg.model.optimizer)(params=self.net.parameters())
@@ -115,20 +117,19 @@ class PlainLoop:
             pin_memory=device.type == "cuda",
         )  # fmt: skip
         self.device = device
+        self.meter = meter
 
     def epoch(self) -> float:
-        """Seconds for one training epoch."""
+        """One training epoch, measured (seconds or instructions)."""
         self.net.train()
-        sync(self.device)
-        start = time.perf_counter()
+        self.meter.start()
         for x, y in self.loader:
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
             loss = F.cross_entropy(self.net(x), y)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             self.optimizer.step()
-        sync(self.device)
-        return time.perf_counter() - start
+        return self.meter.stop()
 
 
 class BareModule(L.LightningModule):
@@ -151,8 +152,8 @@ class BareModule(L.LightningModule):
         return self.optimizer_factory(params=self.parameters())
 
 
-class InterleavedTimer(Callback):
-    """Times each Trainer training epoch (its start to the start of validation) and runs one
+class InterleavedMeter(Callback):
+    """Measures each Trainer training epoch (its start to the start of validation) and runs one
     plain epoch next to it: before it on even epochs, after its validation on odd ones.
 
     Epoch times on a shared machine drift by 10-20% from run to run; two epochs seconds apart
@@ -161,31 +162,29 @@ class InterleavedTimer(Callback):
 
     def __init__(self, plain: PlainLoop) -> None:
         self.plain = plain
-        self.plain_times: list[float] = []
-        self.trainer_times: list[float] = []
-        self._start = 0.0
+        self.meter = plain.meter
+        self.plain_epochs: list[float] = []
+        self.trainer_epochs: list[float] = []
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         if trainer.current_epoch % 2 == 0:
-            self.plain_times.append(self.plain.epoch())
-        sync(trainer.strategy.root_device)
-        self._start = time.perf_counter()
+            self.plain_epochs.append(self.plain.epoch())
+        self.meter.start()
 
     def on_validation_start(self, trainer, pl_module) -> None:
         if trainer.sanity_checking:
             return
-        sync(trainer.strategy.root_device)
-        self.trainer_times.append(time.perf_counter() - self._start)
+        self.trainer_epochs.append(self.meter.stop())
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         # After validation: it runs without autograd, which the plain loop needs.
         if trainer.current_epoch % 2 == 1:
-            self.plain_times.append(self.plain.epoch())
+            self.plain_epochs.append(self.plain.epoch())
 
 
-def time_against_plain(
-    side: str, model: str, args, tmp: Path, device: torch.device
-) -> tuple[InterleavedTimer, int]:
+def measure_against_plain(
+    side: str, model: str, args, tmp: Path, device: torch.device, meter
+) -> tuple[InterleavedMeter, int]:
     """One fit of `args.epochs` epochs on `side` ("kindling" or "lightning") with a plain epoch
     next to each."""
     cfg = compose_kindling(model, args.accelerator, args.epochs, tmp, tuple(args.overrides))
@@ -194,22 +193,22 @@ def time_against_plain(
         batch_size=args.batch_size, val_fraction=0.02, num_workers=0,
     )  # fmt: skip
     datamodule.setup("fit")  # the plain loop trains on the same standardised split
-    timer = InterleavedTimer(PlainLoop(cfg, datamodule, args.batch_size, device))
+    interleaved = InterleavedMeter(PlainLoop(cfg, datamodule, args.batch_size, device, meter))
     L.seed_everything(0, workers=True)
     if side == "kindling":
         module = instantiate(cfg.model, _convert_="all")
-        callbacks = [*instantiate_group(cfg.callbacks, "callbacks"), timer]
+        callbacks = [*instantiate_group(cfg.callbacks, "callbacks"), interleaved]
         loggers = instantiate_group(cfg.logger, "logger")
         trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers, _convert_="all")
     else:
         module = BareModule(instantiate(cfg.model.net), instantiate(cfg.model.optimizer))
         trainer = L.Trainer(
-            accelerator=args.accelerator, devices=1, max_epochs=args.epochs, callbacks=[timer],
-            logger=False, enable_checkpointing=False, enable_progress_bar=False,
-            enable_model_summary=False, default_root_dir=tmp,
+            accelerator=args.accelerator, devices=1, max_epochs=args.epochs,
+            callbacks=[interleaved], logger=False, enable_checkpointing=False,
+            enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp,
         )  # fmt: skip
     trainer.fit(module, datamodule=datamodule)
-    return timer, trainer.num_training_batches
+    return interleaved, trainer.num_training_batches
 
 
 def main() -> None:
@@ -223,20 +222,24 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     parser.add_argument(
         "--sides", nargs="+", choices=SIDES, default=list(SIDES),
-        help="what to time against the plain loop",
+        help="what to measure against the plain loop",
     )  # fmt: skip
+    parser.add_argument("--measure", choices=["time", "instructions"], default="time")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for kindling's side")
     args = parser.parse_args()
+    if args.measure == "instructions":
+        args.accelerator = "cpu"  # callgrind counts what the CPU runs
     use_plain_cuda_check_without_gpu()  # as train.py does
 
     device = torch.device("cuda" if args.accelerator in ("cuda", "gpu") else "cpu")
     hardware = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
+    meter = make_meter(args.measure, device)
     results = []
     with tempfile.TemporaryDirectory(prefix="kindling-benchmark-") as tmp:
         for model in args.models:
-            row = time_model(model, args, Path(tmp), device)
+            row = measure_model(model, args, Path(tmp), device, meter)
             results.append(row)
-            print(summary_line(row, args.sides), flush=True)
+            print(summary_line(row, args.sides, meter.unit), flush=True)
 
     report = {
         "device": str(device),
@@ -244,22 +247,25 @@ def main() -> None:
         "torch": torch.__version__,
         "lightning": L.__version__,
         "threads": torch.get_num_threads(),
+        "unit": meter.unit,
         "settings": {k: str(v) for k, v in vars(args).items()},
         "results": results,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "overhead.json").write_text(json.dumps(report, indent=2))
+    name = "overhead" if args.measure == "time" else "overhead_instructions"
+    (args.out / f"{name}.json").write_text(json.dumps(report, indent=2))
     title = (
         f"Device: {device} ({hardware}), torch {torch.__version__}, lightning {L.__version__}, "
-        f"{args.samples} samples of {IMAGE_SHAPE}, batch {args.batch_size}, "
-        f"{args.repeats} runs x {args.epochs - 1} timed pairs of epochs per side"
+        f"{torch.get_num_threads()} threads, {args.samples} samples of {IMAGE_SHAPE}, "
+        f"batch {args.batch_size}, {args.repeats} runs x {args.epochs - 1} measured pairs of "
+        f"epochs per side, measured in {meter.unit}"
     )
-    lines = [title, "", *markdown_table(results, args.sides)]
-    (args.out / "overhead.md").write_text("\n".join(lines) + "\n")
+    lines = [title, "", *markdown_table(results, args.sides, meter.unit)]
+    (args.out / f"{name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
-def time_model(model: str, args, tmp: Path, device: torch.device) -> dict:
+def measure_model(model: str, args, tmp: Path, device: torch.device, meter) -> dict:
     """Every side's epochs against plain epochs, the sides' runs taking turns."""
     epochs: dict[str, dict[str, list[float]]] = {
         side: {"plain": [], "side": []} for side in args.sides
@@ -267,55 +273,56 @@ def time_model(model: str, args, tmp: Path, device: torch.device) -> dict:
     steps = 0
     for _ in range(args.repeats):
         for side in args.sides:
-            timer, steps = time_against_plain(side, model, args, tmp / side, device)
+            interleaved, steps = measure_against_plain(side, model, args, tmp / side, device, meter)
             # The first epoch of each side is warm-up.
-            epochs[side]["plain"] += timer.plain_times[1:]
-            epochs[side]["side"] += timer.trainer_times[1:]
-    row: dict = {"model": model, "steps_per_epoch": steps}
+            epochs[side]["plain"] += interleaved.plain_epochs[1:]
+            epochs[side]["side"] += interleaved.trainer_epochs[1:]
+    row: dict = {"model": model, "steps_per_epoch": steps, "batch_size": args.batch_size}
     all_plain = [t for side in args.sides for t in epochs[side]["plain"]]
-    row["plain_ms_per_step"] = 1000 * statistics.median(all_plain) / steps
-    row["plain_samples_per_s"] = steps * args.batch_size / statistics.median(all_plain)
+    row["plain_per_step"] = statistics.median(all_plain) / steps
     for side in args.sides:
         ratios = [t / p for t, p in zip(epochs[side]["side"], epochs[side]["plain"], strict=True)]
         q1, _, q3 = statistics.quantiles(ratios, n=4)
-        seconds = statistics.median(epochs[side]["side"])
         row[side] = {
-            "ms_per_step": 1000 * seconds / steps,
-            "samples_per_s": steps * args.batch_size / seconds,
+            "per_step": statistics.median(epochs[side]["side"]) / steps,
             "ratio": statistics.median(ratios),
             "ratio_q1": q1,
             "ratio_q3": q3,
-            "epoch_s": epochs[side]["side"],
-            "plain_epoch_s": epochs[side]["plain"],
+            "epochs": epochs[side]["side"],
+            "plain_epochs": epochs[side]["plain"],
         }
     if {"kindling", "lightning"} <= set(args.sides):
         row["kindling_over_lightning"] = row["kindling"]["ratio"] / row["lightning"]["ratio"]
     return row
 
 
-def summary_line(row: dict, sides: list[str]) -> str:
-    parts = [f"{row['model']:12s} plain {row['plain_ms_per_step']:7.2f} ms/step"]
+def summary_line(row: dict, sides: list[str], unit: str) -> str:
+    factor, name = PER_STEP[unit]
+    parts = [f"{row['model']:12s} plain {factor * row['plain_per_step']:7.2f} {name}/step"]
     for side in sides:
         r = row[side]
         parts.append(
-            f"{side} {r['ms_per_step']:7.2f} ms/step, x{r['ratio']:.3f} "
+            f"{side} {factor * r['per_step']:7.2f} {name}/step, x{r['ratio']:.3f} "
             f"({r['ratio_q1']:.3f}-{r['ratio_q3']:.3f})"
         )
     return "  ".join(parts)
 
 
-def markdown_table(results: list[dict], sides: list[str]) -> list[str]:
-    header = ["model", "plain ms/step", *(f"{side} ms/step" for side in sides)]
-    header += ["plain samples/s", *(f"{side} samples/s" for side in sides)]
+def markdown_table(results: list[dict], sides: list[str], unit: str) -> list[str]:
+    factor, name = PER_STEP[unit]
+    per_second = unit == "s"  # samples/s only where the meter is a clock
+    header = ["model", f"plain {name}/step", *(f"{side} {name}/step" for side in sides)]
+    if per_second:
+        header += ["plain samples/s", *(f"{side} samples/s" for side in sides)]
     header += [f"{side} / plain (quartiles)" for side in sides]
     both = "kindling_over_lightning" in results[0]
     header += ["kindling / lightning"] if both else []
     lines = ["| " + " | ".join(header) + " |", "| --- |" + " ---: |" * (len(header) - 1)]
     for row in results:
-        cells = [row["model"], f"{row['plain_ms_per_step']:.2f}"]
-        cells += [f"{row[side]['ms_per_step']:.2f}" for side in sides]
-        cells += [f"{row['plain_samples_per_s']:.0f}"]
-        cells += [f"{row[side]['samples_per_s']:.0f}" for side in sides]
+        per_steps = [row["plain_per_step"], *(row[side]["per_step"] for side in sides)]
+        cells = [row["model"], *(f"{factor * x:.2f}" for x in per_steps)]
+        if per_second:
+            cells += [f"{row['batch_size'] / x:.0f}" for x in per_steps]
         cells += [
             f"{row[side]['ratio']:.3f} ({row[side]['ratio_q1']:.3f}-{row[side]['ratio_q3']:.3f})"
             for side in sides

@@ -1,6 +1,7 @@
 """Where a training step's fixed cost goes: a net so small that almost nothing else is timed.
 
     python benchmarks/step_floor.py --repeats 8
+    python benchmarks/step_floor.py --measure instructions --repeats 1
 
 Each of the first four rows adds one layer to the row above it; every row times the training
 steps of an epoch (first epoch of each run excluded), all in one process, rows in turn,
@@ -14,19 +15,21 @@ steps of an epoch (first epoch of each run excluded), all in one process, rows i
   instead (the pattern many templates use), no callbacks.
 
 The differences between rows are the per-step cost of each layer on this machine; a model whose
-step takes S ms pays them as a fraction 1/S of its epoch.
+step takes S ms pays them as a fraction 1/S of its epoch. `--measure instructions` counts
+instructions instead of seconds (callgrind, one thread; see meters.py): the same count for the
+same work however busy the machine is, so one repeat is enough.
 """
 
 import argparse
 import functools
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import lightning as L
 import torch
 import torch.nn.functional as F
+from meters import PER_STEP, make_meter
 from overhead import BareModule, compose_kindling, cpu_name
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -56,16 +59,19 @@ class ClassifierLoggingEveryStep(Classifier):
         pass  # logged in the steps
 
 
-class TrainingTimer(L.Callback):
-    def __init__(self) -> None:
-        self.times: list[float] = []
+class TrainingMeter(L.Callback):
+    """Measures each epoch's training steps: from the epoch's start to validation's."""
+
+    def __init__(self, meter) -> None:
+        self.meter = meter
+        self.epochs: list[float] = []
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
-        self._start = time.perf_counter()
+        self.meter.start()
 
     def on_validation_start(self, trainer, pl_module) -> None:
         if not trainer.sanity_checking:
-            self.times.append(time.perf_counter() - self._start)
+            self.epochs.append(self.meter.stop())
 
 
 def data() -> tuple[DataLoader, DataLoader]:
@@ -74,24 +80,24 @@ def data() -> tuple[DataLoader, DataLoader]:
     return train, DataLoader(TensorDataset(images[:256], labels[:256]), batch_size=BATCH)
 
 
-def time_plain() -> list[float]:
+def measure_plain(meter) -> list[float]:
     net, (train, _) = tiny_net(), data()
     optimizer = torch.optim.AdamW(net.parameters())
-    times = []
+    epochs = []
     for _ in range(EPOCHS):
-        start = time.perf_counter()
+        meter.start()
         for images, targets in train:
             loss = F.cross_entropy(net(images), targets)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
-        times.append(time.perf_counter() - start)
-    return times
+        epochs.append(meter.stop())
+    return epochs
 
 
-def time_lightning(module: L.LightningModule, kindling_defaults: bool) -> list[float]:
-    timer = TrainingTimer()
-    callbacks, logger = [timer], False
+def measure_lightning(meter, module: L.LightningModule, kindling_defaults: bool) -> list[float]:
+    training_meter = TrainingMeter(meter)
+    callbacks, logger = [training_meter], False
     bare = {"enable_checkpointing": False, "enable_progress_bar": False}
     if kindling_defaults:
         cfg = compose_kindling("cnn", "cpu", EPOCHS, Path(SCRATCH.name))
@@ -102,7 +108,7 @@ def time_lightning(module: L.LightningModule, kindling_defaults: bool) -> list[f
         num_sanity_val_steps=0, enable_model_summary=False, **bare,
     )  # fmt: skip
     trainer.fit(module, *data())
-    return timer.times
+    return training_meter.epochs
 
 
 def classifier(module_class: type[Classifier] = Classifier) -> Classifier:
@@ -112,14 +118,16 @@ def classifier(module_class: type[Classifier] = Classifier) -> Classifier:
 
 
 ROWS = {
-    "plain loop": time_plain,
-    "Lightning, minimal module": lambda: time_lightning(
-        BareModule(tiny_net(), functools.partial(torch.optim.AdamW)), False
+    "plain loop": measure_plain,
+    "Lightning, minimal module": lambda meter: measure_lightning(
+        meter, BareModule(tiny_net(), functools.partial(torch.optim.AdamW)), False
     ),
-    "+ kindling's Classifier": lambda: time_lightning(classifier(), False),
-    "+ kindling's callbacks and CSV logger": lambda: time_lightning(classifier(), True),
-    "Classifier logging its metrics every step": lambda: time_lightning(
-        classifier(ClassifierLoggingEveryStep), False
+    "+ kindling's Classifier": lambda meter: measure_lightning(meter, classifier(), False),
+    "+ kindling's callbacks and CSV logger": lambda meter: measure_lightning(
+        meter, classifier(), True
+    ),
+    "Classifier logging its metrics every step": lambda meter: measure_lightning(
+        meter, classifier(ClassifierLoggingEveryStep), False
     ),
 }
 
@@ -127,17 +135,21 @@ ROWS = {
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=8)
+    parser.add_argument("--measure", choices=["time", "instructions"], default="time")
     args = parser.parse_args()
+    meter = make_meter(args.measure)
     use_plain_cuda_check_without_gpu()  # as train.py does
-    times: dict[str, list[float]] = {name: [] for name in ROWS}
+    factor, unit = PER_STEP[meter.unit]
+    measured: dict[str, list[float]] = {name: [] for name in ROWS}
     for _ in range(args.repeats):
-        for name, timed in ROWS.items():
-            times[name] += timed()[1:]
+        for name, measure in ROWS.items():
+            measured[name] += measure(meter)[1:]
     print(f"{cpu_name()}, torch {torch.__version__}, lightning {L.__version__}, "
-          f"{args.repeats} x {EPOCHS - 1} epochs of {STEPS} steps\n")  # fmt: skip
-    print("| | ms/step | quartiles |\n| --- | ---: | ---: |")
-    for name, epochs in times.items():
-        q1, median, q3 = (1000 * t / STEPS for t in statistics.quantiles(epochs, n=4))
+          f"{torch.get_num_threads()} threads, {args.repeats} x {EPOCHS - 1} epochs of "
+          f"{STEPS} steps\n")  # fmt: skip
+    print(f"| | {unit}/step | quartiles |\n| --- | ---: | ---: |")
+    for name, epochs in measured.items():
+        q1, median, q3 = (factor * x / STEPS for x in statistics.quantiles(epochs, n=4))
         print(f"| {name} | {median:.2f} | {q1:.2f}-{q3:.2f} |")
 
 

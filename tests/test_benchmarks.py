@@ -1,8 +1,11 @@
-"""The overhead benchmark runs with one command and reports every side's ratio to plain."""
+"""The overhead benchmark runs with one command and reports every side's ratio to plain; its
+instruction counter counts the same work the same."""
 
 import json
+import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -24,8 +27,8 @@ def test_overhead_benchmark_reports_ratios_of_every_side(tmp_path: Path) -> None
     for side in ("kindling", "lightning"):
         timed = row[side]
         # Epoch 0 of each side is warm-up: two timed pairs, each ratio one epoch over another.
-        assert len(timed["epoch_s"]) == len(timed["plain_epoch_s"]) == 2
-        pairs = zip(timed["epoch_s"], timed["plain_epoch_s"], strict=True)
+        assert len(timed["epochs"]) == len(timed["plain_epochs"]) == 2
+        pairs = zip(timed["epochs"], timed["plain_epochs"], strict=True)
         ratios = [trainer / plain for trainer, plain in pairs]
         assert timed["ratio"] == pytest.approx(sum(ratios) / 2)  # the median of two
         assert timed["ratio_q1"] <= timed["ratio"] <= timed["ratio_q3"]
@@ -33,6 +36,42 @@ def test_overhead_benchmark_reports_ratios_of_every_side(tmp_path: Path) -> None
     assert row["kindling_over_lightning"] == pytest.approx(kindling_over_lightning)
 
     table = (tmp_path / "overhead.md").read_text()
-    assert f"| rnn | {row['plain_ms_per_step']:.2f} |" in table
+    assert report["unit"] == "s"
+    assert f"| rnn | {1000 * row['plain_per_step']:.2f} |" in table
     assert f"{kindling_over_lightning:.3f} |" in table
     assert f"x{row['kindling']['ratio']:.3f}" in result.stdout
+
+
+@pytest.mark.skipif(
+    shutil.which("valgrind") is None or shutil.which("cc") is None,
+    reason="needs valgrind and a C compiler",
+)
+def test_instruction_counter_counts_equal_work_equally_and_double_work_double(
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / "count.py"
+    script.write_text(
+        textwrap.dedent(f"""
+            import json, sys
+            sys.path.insert(0, {str(ROOT / "benchmarks")!r})
+            from meters import InstructionCounter, exec_under_callgrind, under_callgrind
+
+            if not under_callgrind():
+                exec_under_callgrind(sys.argv)
+            counter = InstructionCounter()
+            counts = []
+            for n in (100_000, 100_000, 100_000, 200_000):  # the first is warm-up
+                counter.start()
+                sum(1 for _ in range(n))
+                counts.append(counter.stop())
+            print(json.dumps(counts[1:]))
+        """)
+    )
+    result = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    once, again, twice = json.loads(result.stdout.splitlines()[-1])
+    assert once > 100_000  # a Python loop costs many instructions per iteration
+    assert again == pytest.approx(once, rel=1e-3)
+    assert twice == pytest.approx(2 * once, rel=0.01)
