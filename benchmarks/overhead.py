@@ -225,11 +225,14 @@ def main() -> None:
         help="what to measure against the plain loop",
     )  # fmt: skip
     parser.add_argument("--measure", choices=["time", "instructions"], default="time")
+    parser.add_argument("--threads", type=int, help="torch's CPU threads (default: torch's own)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for kindling's side")
     args = parser.parse_args()
     if args.measure == "instructions":
         args.accelerator = "cpu"  # callgrind counts what the CPU runs
     use_plain_cuda_check_without_gpu()  # as train.py does
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     device = torch.device("cuda" if args.accelerator in ("cuda", "gpu") else "cpu")
     hardware = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
