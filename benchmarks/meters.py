@@ -1,11 +1,11 @@
 """What the benchmarks measure a stretch of work with: wall-clock seconds, or instructions.
 
 Seconds are what users wait for, but on a shared machine they drift by several percent from one
-minute to the next. Instructions executed, counted by valgrind's callgrind, are the same for
-the same work whatever else the machine is doing: a clock that does not drift, for telling
-apart costs smaller than that drift. They are a proxy for time (an instruction of a vectorised
-kernel does more work than one of the Python interpreter), so the two are reported side by
-side, never mixed.
+minute to the next. Instructions executed, counted by valgrind's callgrind, hardly move with
+whatever else the machine is doing (the same work counts the same to a few tenths of a
+percent): a measure that does not drift, for telling apart costs smaller than the clock's drift.
+They are a proxy for time (an instruction of a vectorised kernel does more work than one of the
+Python interpreter), so the two are reported side by side, never mixed.
 """
 
 import os

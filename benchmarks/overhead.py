@@ -23,9 +23,10 @@ quartiles; kindling / lightning is the quotient of the two medians. ms/step and 
 the medians of each side. Each side's run is repeated `--repeats` times.
 
 `--measure instructions` counts instructions instead of seconds (valgrind's callgrind, CPU,
-one thread; see meters.py): the same count for the same work, however busy the machine, at
-about 50 times the run time. The table then gives millions of instructions per step.
-Writes `overhead.json` and `overhead.md` to `benchmarks/results/` (or `--out`).
+one thread; see meters.py): nearly the same count for the same work however busy the machine
+is, at about 50 times the run time. The table then gives millions of instructions per step.
+Writes `overhead.json` and `overhead.md` (`overhead_instructions.*` when counting instructions)
+to `benchmarks/results/` (or `--out`).
 """
 
 import argparse

@@ -16,8 +16,8 @@ steps of an epoch (first epoch of each run excluded), all in one process, rows i
 
 The differences between rows are the per-step cost of each layer on this machine; a model whose
 step takes S ms pays them as a fraction 1/S of its epoch. `--measure instructions` counts
-instructions instead of seconds (callgrind, one thread; see meters.py): the same count for the
-same work however busy the machine is, so one repeat is enough.
+instructions instead of seconds (callgrind, one thread; see meters.py): nearly the same count
+for the same work however busy the machine is, so one repeat is enough.
 """
 
 import argparse
