@@ -229,6 +229,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, help="torch's CPU threads (default: torch's own)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for kindling's side")
     args = parser.parse_args()
+    if args.epochs < 2:
+        parser.error("--epochs must be 2 or more: the first epoch of each run is warm-up.")
     if args.measure == "instructions":
         args.accelerator = "cpu"  # callgrind counts what the CPU runs
     use_plain_cuda_check_without_gpu()  # as train.py does
@@ -286,7 +288,8 @@ def measure_model(model: str, args, tmp: Path, device: torch.device, meter) -> d
     row["plain_per_step"] = statistics.median(all_plain) / steps
     for side in args.sides:
         ratios = [t / p for t, p in zip(epochs[side]["side"], epochs[side]["plain"], strict=True)]
-        q1, _, q3 = statistics.quantiles(ratios, n=4)
+        # One pair has no spread to show; quartiles need two.
+        q1, _, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
         row[side] = {
             "per_step": statistics.median(epochs[side]["side"]) / steps,
             "ratio": statistics.median(ratios),
