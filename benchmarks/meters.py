@@ -69,9 +69,9 @@ class InstructionCounter:
         self._requests.meter_start()
 
     def stop(self) -> float:
-        before = set(self._dumps.parent.glob(self._dumps.name + ".*"))
         self._requests.meter_stop()
-        (dump,) = set(self._dumps.parent.glob(self._dumps.name + ".*")) - before
+        # Each stop dumps to callgrind.out.<n>, read and removed here: there is one at a time.
+        (dump,) = self._dumps.parent.glob(self._dumps.name + ".*")
         for line in dump.read_text().splitlines():
             if line.startswith("summary:"):
                 dump.unlink()

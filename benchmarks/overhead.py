@@ -153,29 +153,38 @@ class BareModule(L.LightningModule):
         return self.optimizer_factory(params=self.parameters())
 
 
-class InterleavedMeter(Callback):
-    """Measures each Trainer training epoch (its start to the start of validation) and runs one
-    plain epoch next to it: before it on even epochs, after its validation on odd ones.
+class TrainingMeter(Callback):
+    """Measures each Trainer training epoch: from its start to the start of validation."""
+
+    def __init__(self, meter) -> None:
+        self.meter = meter
+        self.epochs: list[float] = []
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        self.meter.start()
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        if not trainer.sanity_checking:
+            self.epochs.append(self.meter.stop())
+
+
+class InterleavedMeter(TrainingMeter):
+    """Measures each Trainer training epoch and runs one plain epoch next to it: before it on
+    even epochs, after its validation on odd ones.
 
     Epoch times on a shared machine drift by 10-20% from run to run; two epochs seconds apart
     see the same machine, so their ratio is what measures the Trainer side's cost.
     """
 
     def __init__(self, plain: PlainLoop) -> None:
+        super().__init__(plain.meter)
         self.plain = plain
-        self.meter = plain.meter
         self.plain_epochs: list[float] = []
-        self.trainer_epochs: list[float] = []
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         if trainer.current_epoch % 2 == 0:
             self.plain_epochs.append(self.plain.epoch())
-        self.meter.start()
-
-    def on_validation_start(self, trainer, pl_module) -> None:
-        if trainer.sanity_checking:
-            return
-        self.trainer_epochs.append(self.meter.stop())
+        super().on_train_epoch_start(trainer, pl_module)
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         # After validation: it runs without autograd, which the plain loop needs.
@@ -233,13 +242,13 @@ def main() -> None:
         parser.error("--epochs must be 2 or more: the first epoch of each run is warm-up.")
     if args.measure == "instructions":
         args.accelerator = "cpu"  # callgrind counts what the CPU runs
-    use_plain_cuda_check_without_gpu()  # as train.py does
     if args.threads:
-        torch.set_num_threads(args.threads)
-
+        torch.set_num_threads(args.threads)  # before make_meter, which counts with one thread
     device = torch.device("cuda" if args.accelerator in ("cuda", "gpu") else "cpu")
+    meter = make_meter(args.measure, device)  # instructions: this script again, under callgrind
+    use_plain_cuda_check_without_gpu()  # as train.py does
+
     hardware = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
-    meter = make_meter(args.measure, device)
     results = []
     with tempfile.TemporaryDirectory(prefix="kindling-benchmark-") as tmp:
         for model in args.models:
@@ -282,7 +291,7 @@ def measure_model(model: str, args, tmp: Path, device: torch.device, meter) -> d
             interleaved, steps = measure_against_plain(side, model, args, tmp / side, device, meter)
             # The first epoch of each side is warm-up.
             epochs[side]["plain"] += interleaved.plain_epochs[1:]
-            epochs[side]["side"] += interleaved.trainer_epochs[1:]
+            epochs[side]["side"] += interleaved.epochs[1:]
     row: dict = {"model": model, "steps_per_epoch": steps, "batch_size": args.batch_size}
     all_plain = [t for side in args.sides for t in epochs[side]["plain"]]
     row["plain_per_step"] = statistics.median(all_plain) / steps

@@ -30,7 +30,7 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from meters import PER_STEP, make_meter
-from overhead import BareModule, compose_kindling, cpu_name
+from overhead import BareModule, TrainingMeter, compose_kindling, cpu_name
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -57,21 +57,6 @@ class ClassifierLoggingEveryStep(Classifier):
 
     def on_train_epoch_end(self) -> None:
         pass  # logged in the steps
-
-
-class TrainingMeter(L.Callback):
-    """Measures each epoch's training steps: from the epoch's start to validation's."""
-
-    def __init__(self, meter) -> None:
-        self.meter = meter
-        self.epochs: list[float] = []
-
-    def on_train_epoch_start(self, trainer, pl_module) -> None:
-        self.meter.start()
-
-    def on_validation_start(self, trainer, pl_module) -> None:
-        if not trainer.sanity_checking:
-            self.epochs.append(self.meter.stop())
 
 
 def data() -> tuple[DataLoader, DataLoader]:
