@@ -4,21 +4,23 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import lightning as L
 import pytest
 import torch
-from omegaconf import open_dict
+from hydra.utils import instantiate
+from omegaconf import OmegaConf, open_dict
 
 import kindling.train
 from kindling.models import CNNClassifier
 from kindling.train import run
 from kindling.utils import instantiate_group
-from kindling.utils.checkpoint import AtomicCheckpointIO, load_module, without_compile_prefix
+from kindling.utils.checkpoint import load_module, without_compile_prefix
 
-from conftest import ROOT, train_py
+from conftest import CONFIG_DIR, ROOT, train_py
 
 QUIET = ["callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null"]
 REPRODUCIBLE = ["trainer=cpu", "trainer.deterministic=true", "seed=7", "test=false", *QUIET]
@@ -100,19 +102,28 @@ def test_compiling_in_place_keeps_the_checkpoint_keys() -> None:
 
 
 def test_a_failed_write_keeps_the_previous_checkpoint(tmp_path: Path, monkeypatch) -> None:
-    io = AtomicCheckpointIO()
-    path = tmp_path / "last.ckpt"
+    # The IO the Trainer of every run uses (configs/trainer/default.yaml).
+    io = instantiate(OmegaConf.load(CONFIG_DIR / "trainer" / "default.yaml").plugins[0])
+    path = tmp_path / "checkpoints" / "last.ckpt"
     io.save_checkpoint({"step": torch.tensor(1)}, path)
+    # Nothing goes through the temp folder: it may be small, or on another file system (where a
+    # move is a copy that a kill can cut short).
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no-such-temp-folder"))
+    io.save_checkpoint({"step": torch.tensor(2)}, path)
+    assert torch.load(path, weights_only=True)["step"] == 2
+
+    real_save = torch.save
 
     def killed_midway(obj, f, *args, **kwargs) -> None:
-        f.write(b"PK\x03\x04 half a checkpoint")
-        raise KeyboardInterrupt  # stands in for a SIGKILL during the write
+        real_save(obj, f, *args, **kwargs)
+        f.truncate(8)  # half a checkpoint on disk...
+        raise KeyboardInterrupt  # ...when a SIGKILL stops the write
 
     monkeypatch.setattr(torch, "save", killed_midway)
     with pytest.raises(KeyboardInterrupt):
-        io.save_checkpoint({"step": torch.tensor(2)}, path)
+        io.save_checkpoint({"step": torch.tensor(3)}, path)
     monkeypatch.undo()
-    assert torch.load(path, weights_only=True)["step"] == 1
+    assert torch.load(path, weights_only=True)["step"] == 2
 
 
 def default_ctrl_c() -> None:

@@ -5,8 +5,10 @@ import re
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import lightning as L
 import torch
+from fsspec.implementations.local import LocalFileSystem
 from hydra.utils import instantiate
 from lightning.fabric.plugins import TorchCheckpointIO
 
@@ -50,17 +52,28 @@ def without_compile_prefix(state_dict: dict[str, Any]) -> dict[str, Any]:
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Write each checkpoint to `<name>.tmp`, then rename it into place.
+    """Write each local checkpoint to `<name>.tmp` beside it, then rename it into place.
 
     A process killed while writing (SIGKILL, out of memory, a node failure) leaves the previous
     `last.ckpt` whole instead of a truncated file that breaks the next resume: a rename within
-    a folder is atomic.
+    a folder is atomic. Lightning's own writer stages the file in the system's temp folder and
+    moves it, which is a copy (not atomic) when the checkpoints live on another file system, and
+    needs room for the whole checkpoint in `/tmp`. Object-store URLs (`s3://...`) go to
+    Lightning's writer: one upload, which the store makes visible whole.
     """
 
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None
     ) -> None:
-        path = Path(path)
+        fs, local_path = fsspec.core.url_to_fs(str(path))
+        if storage_options is not None or not isinstance(fs, LocalFileSystem):
+            super().save_checkpoint(checkpoint, path, storage_options)
+            return
+        path = Path(local_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(path.name + ".tmp")
-        super().save_checkpoint(checkpoint, partial, storage_options)
+        with open(partial, "wb") as file:
+            torch.save(checkpoint, file)
+            file.flush()
+            os.fsync(file.fileno())  # on disk before the rename makes it last.ckpt
         os.replace(partial, path)
