@@ -11,7 +11,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from kindling.callbacks import plots
 from kindling.train import run
 
-from conftest import CONFIG_DIR, train_py
+from conftest import train_py
 
 QUIET = ["callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null"]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -89,9 +89,6 @@ def test_run_writes_learning_curves_and_confusion_matrix(compose_config, tmp_pat
     assert {"plots/learning_curves", "plots/confusion_matrix"} <= images
 
 
-@pytest.mark.skipif(
-    not (CONFIG_DIR / "experiment" / "charlm.yaml").is_file(), reason="no experiment=charlm"
-)
 def test_language_model_run_skips_what_it_does_not_log(compose_config, tmp_path, drawn) -> None:
     # A recurrent net on short windows, without text samples: seconds on a CPU.
     small = [
