@@ -58,7 +58,11 @@ def git_state(code_dir: Path) -> dict[str, Any]:
     outside = {"commit": NO_GIT, "dirty": None, "diff": None, "untracked": []}
     if {"site-packages", "dist-packages"} & set(code_dir.parts):
         return outside
-    status = _git(code_dir, "status", "--porcelain=v2", "--branch", "--untracked-files=all")
+    status = _git(
+        code_dir,
+        *("-c", "status.relativePaths=false"),  # paths from the top of the checkout
+        *("status", "--porcelain=v2", "--branch", "--untracked-files=all"),
+    )
     if status is None:
         return outside
     lines = status.splitlines()
