@@ -43,8 +43,9 @@ def test_a_clean_checkout_records_its_commit(repository: Path) -> None:
 
 
 def test_a_dirty_checkout_records_the_diff_and_new_files(repository: Path, tmp_path) -> None:
-    (repository / "pkg" / "model.py").write_text("width = 128\n")
     (repository / "pkg" / "new.py").write_text("")
+    assert provenance.git_state(repository / "pkg")["dirty"] is True  # a new file alone
+    (repository / "pkg" / "model.py").write_text("width = 128\n")
     state = provenance.git_state(repository / "pkg")
     assert state["dirty"] is True
     assert "-width = 64\n+width = 128" in state["diff"]
@@ -56,11 +57,11 @@ def test_a_dirty_checkout_records_the_diff_and_new_files(repository: Path, tmp_p
     assert (tmp_path / "run" / "git.diff").read_text() == state["diff"]
 
 
-def test_outside_a_checkout_there_is_no_git(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))
+def test_outside_a_checkout_there_is_no_git(repository: Path, tmp_path: Path, monkeypatch) -> None:
     assert provenance.git_state(tmp_path)["commit"] == "no git"
     # An installed copy is not the checkout its virtual environment may sit in.
-    installed = Path(__file__).parents[1] / ".venv" / "lib" / "site-packages" / "kindling"
+    installed = repository / ".venv" / "lib" / "site-packages" / "pkg"
+    installed.mkdir(parents=True)
     assert provenance.git_state(installed)["commit"] == "no git"
     monkeypatch.setenv("PATH", "")  # no git program at all
     assert provenance.git_state(Path(__file__).parent)["commit"] == "no git"
