@@ -78,17 +78,6 @@ def test_two_processes_report_the_same_accuracy_as_one(tmp_path: Path) -> None:
     assert results[2] == pytest.approx(results[1], abs=1.5 / 359)
 
 
-def test_run_stamp_is_shared_by_torchrun_ranks(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "abc")
-    monkeypatch.setenv("RANK", "0")
-    stamp = hydra_ddp.run_stamp(str(tmp_path))
-    monkeypatch.setenv("RANK", "1")
-    assert hydra_ddp.run_stamp(str(tmp_path)) == stamp
-    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "never-written")
-    with pytest.raises(TimeoutError, match="never-written"):
-        hydra_ddp.run_stamp(str(tmp_path), timeout_s=0.2)
-
-
 def test_job_environment_restores_what_the_launcher_set(monkeypatch) -> None:
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     monkeypatch.setenv("MASTER_PORT", "1234")
@@ -97,33 +86,6 @@ def test_job_environment_restores_what_the_launcher_set(monkeypatch) -> None:
         monkeypatch.setenv("MASTER_PORT", "5678")
     assert "LOCAL_RANK" not in os.environ
     assert os.environ["MASTER_PORT"] == "1234"
-
-
-def test_slurm_run_folder_is_keyed_on_the_job_id(tmp_path: Path, monkeypatch) -> None:
-    """A requeued job (same job id) finds the folder, and so its checkpoints, again."""
-    monkeypatch.setenv("SLURM_JOB_ID", "4242")
-    monkeypatch.setenv("SLURM_STEP_ID", "0")
-    assert hydra_ddp.run_stamp(str(tmp_path)) == "slurm-4242.0"
-    monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "4200")
-    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "3")
-    assert hydra_ddp.run_stamp(str(tmp_path)) == "slurm-4200_3.0"
-
-
-def test_slurm_run_folder_in_the_composed_config(monkeypatch, tmp_path: Path) -> None:
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from omegaconf import OmegaConf
-
-    import kindling.train  # noqa: F401 - registers the run_stamp resolver
-
-    monkeypatch.setenv("SLURM_JOB_ID", "777")
-    monkeypatch.delenv("SLURM_STEP_ID", raising=False)
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        cfg = compose("train", overrides=["hydra/launcher=slurm"], return_hydra_config=True)
-    GlobalHydra.instance().clear()
-    assert OmegaConf.select(cfg, "hydra.run.dir").endswith("/train/runs/slurm-777")
-    assert cfg.hydra.launcher._target_.endswith("SlurmLauncher")
 
 
 @pytest.mark.parametrize(("job_num", "gpus", "expected"), [(0, 4, [0]), (5, 4, [1]), (3, 0, [0])])

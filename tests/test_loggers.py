@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from kindling.train import run
@@ -66,6 +67,12 @@ def test_csv_tensorboard_and_mlflow_record_the_same_metrics(compose_config, tmp_
     assert params["seed"] == str(cfg.seed)
     assert params["tags"] == str(list(cfg.tags))
     assert params["model/net/_target_"] == cfg.model.net._target_
+    # What produced the run: in the params and as tags (MLflow shows its own git tag).
+    assert params["provenance/versions/torch"] == torch.__version__
+    tags = mlflow_run.data.tags
+    assert tags["version.lightning"] == params["provenance/versions/lightning"]
+    commit = params["provenance/git/commit"]
+    assert tags.get("mlflow.source.git.commit", "no git") == commit
 
 
 def read_wandb_records(path: Path) -> list | None:

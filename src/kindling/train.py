@@ -16,9 +16,23 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
-from kindling.callbacks import CheckpointOnInterrupt, ConfigInCheckpoint, RestoreRandomState
+from kindling.callbacks import (
+    CheckpointOnInterrupt,
+    ConfigInCheckpoint,
+    ContinueMetrics,
+    RestoreRandomState,
+)
 from kindling.data.batched import per_device_batch_size
-from kindling.utils import UserError, build, checks, hydra_ddp, instantiate_group, resume
+from kindling.utils import (
+    UserError,
+    build,
+    checks,
+    hydra_ddp,
+    instantiate_group,
+    provenance,
+    resume,
+    run_folder,
+)
 from kindling.utils.config_tree import print_config_tree
 from kindling.utils.cuda import use_plain_cuda_check_without_gpu
 from kindling.utils.errors import find_user_error
@@ -26,9 +40,10 @@ from kindling.utils.warnings import ignore_unhelpful_warnings
 
 log = logging.getLogger(__name__)
 
-# Run folders are named by `${run_stamp:${paths.log_dir}}` (configs/hydra/default.yaml);
-# cached, like Hydra's own `now`, so a sweep folder is named once.
-OmegaConf.register_new_resolver("run_stamp", hydra_ddp.run_stamp, use_cache=True, replace=True)
+# Each run and multirun claims a folder of its own (configs/hydra/default.yaml,
+# kindling/utils/run_folder.py); cached, like Hydra's own `now`, so a folder is claimed once.
+OmegaConf.register_new_resolver("run_stamp", run_folder.run_stamp, use_cache=True, replace=True)
+OmegaConf.register_new_resolver("sweep_dir", run_folder.sweep_folder, use_cache=True, replace=True)
 # Resumed training continues in its checkpoint's run folder (kindling/utils/resume.py).
 OmegaConf.register_new_resolver("run_dir", resume.run_dir, replace=True)
 OmegaConf.register_new_resolver("hydra_subdir", resume.hydra_subdir, replace=True)
@@ -62,7 +77,10 @@ def run(cfg: DictConfig) -> float | None:
 
 def train_and_test(cfg: DictConfig) -> float | None:
     checkpoint = _check(cfg)
-    print_config_tree(cfg, save_dir=cfg.paths.output_dir)
+    record_dir = resume.record_dir(cfg.paths.output_dir)  # a resumed run keeps the first's record
+    print_config_tree(cfg, save_dir=record_dir)
+    run_provenance = provenance.collect()
+    provenance.save(run_provenance, record_dir)
     if cfg.get("seed") is not None:  # 0 is a seed like any other
         L.seed_everything(cfg.seed, workers=True)
     if cfg.get("float32_matmul_precision"):
@@ -75,8 +93,9 @@ def train_and_test(cfg: DictConfig) -> float | None:
     callbacks = [
         *instantiate_group(cfg.get("callbacks"), "callbacks"),
         # Always on: what a checkpoint needs to be self-contained and resumable exactly.
-        ConfigInCheckpoint(config),
+        ConfigInCheckpoint(config, run_provenance),
         RestoreRandomState(),
+        ContinueMetrics(),
         CheckpointOnInterrupt(),
     ]
     if not loggers:
@@ -86,7 +105,8 @@ def train_and_test(cfg: DictConfig) -> float | None:
 
     rank_zero_info(f"Run folder: {cfg.paths.output_dir}")
     for logger in trainer.loggers:  # Lightning calls loggers on rank 0 only
-        logger.log_hyperparams(config)
+        logger.log_hyperparams({**config, "provenance": provenance.summary(run_provenance)})
+    provenance.tag(run_provenance, trainer.loggers)
 
     if cfg.get("train"):
         trainer.fit(model=model, datamodule=datamodule, ckpt_path=checkpoint)

@@ -1,6 +1,7 @@
 """Callbacks Lightning does not already provide. The default set is built from Lightning's own."""
 
 from kindling.callbacks.config_in_checkpoint import ConfigInCheckpoint
+from kindling.callbacks.continue_metrics import ContinueMetrics
 from kindling.callbacks.device_report import DeviceReport
 from kindling.callbacks.divergence import DivergenceError, StopOnDivergence
 from kindling.callbacks.interrupt import CheckpointOnInterrupt
@@ -10,6 +11,7 @@ from kindling.callbacks.resume import RestoreRandomState
 __all__ = [
     "CheckpointOnInterrupt",
     "ConfigInCheckpoint",
+    "ContinueMetrics",
     "DeviceReport",
     "DivergenceError",
     "RestoreRandomState",

@@ -1,5 +1,6 @@
 """Pictures of a run: learning curves after fit, the test confusion matrix after test."""
 
+import csv
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -9,7 +10,7 @@ import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -20,6 +21,21 @@ from torchmetrics.classification import MulticlassConfusionMatrix
 History = dict[str, dict[int, float]]
 
 STAGES = ("train", "val")
+
+
+def read_history(metrics_csv: str | Path) -> History:
+    """The epoch-level values in a CSVLogger's metrics.csv: `{name: {epoch: value}}`."""
+    history: History = defaultdict(dict)
+    if not Path(metrics_csv).is_file():
+        return history
+    with open(metrics_csv, newline="") as f:
+        for row in csv.DictReader(f):
+            if not row.get("epoch"):
+                continue
+            for name, value in row.items():
+                if value and name.startswith(tuple(f"{s}/" for s in STAGES)):
+                    history[name][int(float(row["epoch"]))] = float(value)
+    return history
 
 
 def learning_curves_figure(history: History, metrics: Sequence[str]) -> Figure | None:
@@ -127,8 +143,24 @@ class RunPlots(Callback):
             if value is not None:
                 self.history[f"{stage}/{name}"][epoch] = float(value)
 
+    # A resumed run plots the whole run: the epochs before it come with the checkpoint, and from
+    # the run's metrics.csv, which also holds the train values of the epoch the checkpoint ended
+    # (logged after it was saved).
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"history": {name: dict(values) for name, values in self.history.items()}}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        for name, values in state_dict.get("history", {}).items():
+            self.history[name].update(values)
+
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.is_global_zero:
+            for logger in trainer.loggers:
+                if isinstance(logger, CSVLogger):
+                    logger.save()  # rows still buffered
+                    for name, values in read_history(logger.experiment.metrics_file_path).items():
+                        self.history[name].update(values)
             figure = learning_curves_figure(self.history, self.metrics)
             if figure is not None:
                 self._save(trainer, figure, self.curves_file, "plots/learning_curves")

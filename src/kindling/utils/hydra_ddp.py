@@ -6,7 +6,6 @@ again, in a run folder of its own. And the launcher leaves `LOCAL_RANK`, `WORLD_
 `MASTER_PORT` in the environment, so the next job of a sweep believes its ranks are started from
 outside and never starts them.
 
-`run_stamp` names the run folder once for all the ranks that `torchrun` starts.
 `child_rank_command` starts each extra rank as a single run of this job: the job's own overrides
 (never the sweep), the job's own folder, no config of its own written. `job_environment`
 restores the environment and tears down the process group after every job.
@@ -14,19 +13,14 @@ restores the environment and tears down the process group after every job.
 
 import os
 import sys
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from datetime import datetime
-from pathlib import Path
 
 import torch.distributed
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import get_original_cwd, to_absolute_path
 from lightning.fabric.strategies.launchers import subprocess_script as fabric_launcher
 from lightning.pytorch.strategies.launchers import subprocess_script as pytorch_launcher
-
-STAMP_FORMAT = "%Y-%m-%d_%H-%M-%S"
 
 # What Lightning's launcher writes into os.environ of the launching process.
 _LAUNCHER_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")
@@ -73,44 +67,6 @@ def job_environment() -> Iterator[None]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-
-
-def run_stamp(log_dir: str, timeout_s: float = 120.0) -> str:
-    """The name of a run folder: the date and time, the same in every rank of a job.
-
-    - Under SLURM: `slurm-<job id>[_<array task>][.<step>]`. Every task of the job gets the same
-      folder, and so does the job when SLURM requeues it: Lightning's SLURMEnvironment
-      (`auto_requeue=True`) saves an `hpc_ckpt_*.ckpt` there before the job is stopped and
-      resumes from it when it starts again.
-    - Under `torchrun`, which starts every rank as a separate `python train.py` (a second may
-      pass between them): rank 0 picks the stamp and leaves it in `<log_dir>/.torchrun/<run id>`,
-      where the other ranks read it.
-    """
-    slurm_job = os.environ.get("SLURM_ARRAY_JOB_ID") or os.environ.get("SLURM_JOB_ID")
-    if slurm_job is not None:
-        stamp = f"slurm-{slurm_job}"
-        if "SLURM_ARRAY_TASK_ID" in os.environ:
-            stamp += f"_{os.environ['SLURM_ARRAY_TASK_ID']}"
-        if "SLURM_STEP_ID" in os.environ:  # one folder per `srun` in an allocation
-            stamp += f".{os.environ['SLURM_STEP_ID']}"
-        return stamp
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
-    if run_id is None:
-        return datetime.now().strftime(STAMP_FORMAT)
-    handshake = Path(log_dir) / ".torchrun" / run_id
-    if os.environ.get("RANK", "0") == "0":
-        handshake.parent.mkdir(parents=True, exist_ok=True)
-        stamp = datetime.now().strftime(STAMP_FORMAT)
-        partial = handshake.with_suffix(".partial")
-        partial.write_text(stamp)
-        partial.replace(handshake)  # atomic: readers never see half a stamp
-        return stamp
-    deadline = time.monotonic() + timeout_s
-    while not handshake.exists():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"rank 0 did not write {handshake} within {timeout_s} s")
-        time.sleep(0.05)
-    return handshake.read_text()
 
 
 def job_device() -> list[int]:

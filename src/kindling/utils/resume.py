@@ -3,6 +3,9 @@
 from pathlib import Path
 from typing import Any
 
+from hydra.core.hydra_config import HydraConfig
+
+from kindling.utils import run_folder
 from kindling.utils.errors import UserError
 
 
@@ -50,13 +53,26 @@ def resume_folder(root: Any) -> Path | None:
     return checkpoint_run_folder(checkpoint) if checkpoint.is_file() else None
 
 
-def run_dir(stamp: str, *, _root_: Any) -> str:
-    """Hydra's run folder: `hydra.run.dir: ${run_dir:<stamp>}`."""
+def run_dir(log_dir: str, task_name: str, *, _root_: Any) -> str:
+    """Hydra's run folder: `hydra.run.dir: ${run_dir:${paths.log_dir},${task_name}}`.
+
+    The checkpoint's folder when resuming there, else a new folder of this run's own.
+    """
     folder = resume_folder(_root_)
-    return str(folder or Path(_root_.paths.log_dir) / _root_.task_name / "runs" / stamp)
+    return str(folder or run_folder.run_folder(log_dir, task_name))
 
 
 def hydra_subdir(stamp: str, *, _root_: Any) -> str:
     """Where Hydra writes the run's config: `.hydra`, or `.hydra/resumed_<stamp>` when resuming in
     an existing run folder, so the first run's config is never overwritten."""
     return f".hydra/resumed_{stamp}" if resume_folder(_root_) else ".hydra"
+
+
+def record_dir(output_dir: str | Path) -> Path:
+    """Where this run writes its own record (config tree, provenance): the run folder, or the
+    `.hydra/resumed_<stamp>/` of a run resumed in an existing folder, beside its config."""
+    if HydraConfig.initialized():
+        subdir = HydraConfig.get().output_subdir
+        if subdir and Path(subdir).name.startswith("resumed_"):
+            return Path(output_dir) / subdir
+    return Path(output_dir)

@@ -1,0 +1,21 @@
+"""A resumed run's metrics follow the rows its checkpoint covers, in the loggers that keep them."""
+
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import Callback
+
+
+class ContinueMetrics(Callback):
+    """When training resumes from a checkpoint, tell each logger that continues a run's record
+    (`continue_after`, e.g. `kindling.loggers.ResumableCSVLogger`) where the checkpoint was saved.
+
+    Lightning calls this for every way of resuming: `ckpt_path=` and SLURM's requeue alike.
+    """
+
+    def on_load_checkpoint(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        for logger in trainer.loggers:
+            if hasattr(logger, "continue_after"):
+                logger.continue_after(checkpoint["epoch"], checkpoint["global_step"])
