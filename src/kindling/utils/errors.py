@@ -88,7 +88,7 @@ def config_mistake(
     if unknown is not None:
         return UserError(
             f"{key}.{unknown}={_show(given[unknown])}: {name} takes no argument {unknown!r} "
-            f"(it takes {', '.join(_parameters(target)[0])}). Remove {key}.{unknown} or correct "
+            f"(it takes {', '.join(_parameters(target))}). Remove {key}.{unknown} or correct "
             "its name."
         )
     missing = _missing_argument(target, arguments)
@@ -121,9 +121,9 @@ def config_mistake(
 # Which argument, which kind of failure
 
 
-def _parameters(target: Callable[..., Any]) -> tuple[list[str], bool]:
-    """The named arguments `target` takes, and whether it takes other keywords too. A class's
-    `**kwargs` is followed into its parents' `__init__` (DigitsDataModule -> ImageDataModule)."""
+def _parameters(target: Callable[..., Any]) -> list[str]:
+    """The named arguments `target` takes. A class's `**kwargs` is followed into its parents'
+    `__init__` (DigitsDataModule -> ImageDataModule)."""
     if isinstance(target, type):
         functions = [c.__init__ for c in target.__mro__ if "__init__" in vars(c)]
     else:
@@ -133,30 +133,27 @@ def _parameters(target: Callable[..., Any]) -> tuple[list[str], bool]:
         try:
             parameters = list(inspect.signature(function).parameters.values())
         except (TypeError, ValueError):  # no signature to read (some builtins)
-            return names, True
+            break
         names += [
             p.name
             for p in parameters
             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in names
         ]
         if not any(p.kind is p.VAR_KEYWORD for p in parameters):
-            return [n for n in names if n != "self"], False
-    return [n for n in names if n != "self"], True
+            break
+    return [n for n in names if n != "self"]
 
 
 def _unknown_argument(
     error: BaseException, target: Callable[..., Any], given: Mapping[str, Any]
 ) -> str | None:
-    """An argument given that the target does not take: by its signature, or by Python's words
-    as the arguments were handed on (`**kwargs` passed to a parent class)."""
-    takes, takes_more = _parameters(target)
-    unknown = [a for a in given if a not in takes]
-    if unknown and not takes_more:
-        return unknown[0]
-    handed_on = re.search(r"unexpected keyword argument '(\w+)'", str(error))
-    if isinstance(error, TypeError) and handed_on and handed_on.group(1) in given:
-        return handed_on.group(1)
-    return None
+    """An argument given that the target does not take, in Python's words as it was passed
+    (by the call, or by a class handing its `**kwargs` on to its parent's `__init__`). One that
+    the target does take was refused deeper, by a call of the target's own."""
+    unknown = re.search(r"unexpected keyword argument '(\w+)'", str(error))
+    if not (isinstance(error, TypeError) and unknown) or unknown.group(1) not in given:
+        return None
+    return None if unknown.group(1) in _parameters(target) else unknown.group(1)
 
 
 def _missing_argument(target: Callable[..., Any], arguments: Mapping[str, Any]) -> str | None:
