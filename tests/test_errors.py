@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from lightning.pytorch.loggers import wandb as wandb_logger
 from lightning.pytorch.utilities import rank_zero_only
+from lightning_utilities.core.imports import RequirementCache
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
@@ -183,6 +185,13 @@ def test_a_bug_in_a_factory_keeps_its_traceback() -> None:
     assert factory.func is NetWithABug and factory.keywords == {"num_classes": 3}
     with pytest.raises(TypeError, match="has no len"):
         factory(image_shape=[1, 4, 4])
+
+
+def test_a_logger_without_its_package_says_what_to_install(compose_config, monkeypatch) -> None:
+    monkeypatch.setattr(wandb_logger, "_WANDB_AVAILABLE", RequirementCache("wandb>=999"))
+    cfg = compose_config("logger=wandb")
+    with pytest.raises(UserError, match=r"^logger\.wandb \(.*WandbLogger\) needs a package .*pip"):
+        build(cfg.logger.wandb, "logger.wandb")
 
 
 def test_full_error_raises_with_the_original_traceback(compose_config, monkeypatch) -> None:

@@ -103,6 +103,8 @@ def config_mistake(
             )
     if not (_raised_in_library(error) or _raised_by_check(error)):
         return None
+    if isinstance(error, ImportError):  # `logger=wandb` without wandb installed
+        return UserError(f"{key} ({name}) needs a package that is missing: {_reason(error)}.")
     overrides = _overrides_under(key)
     suspect = _suspect(str(error), given, overrides)
     if suspect is not None:

@@ -142,8 +142,15 @@ def _given(node: DictConfig, built: dict[str, Any]) -> dict[str, Any]:
     return {
         k: v
         for k, v in values.items()
-        if k not in HYDRA_KEYS and k not in built and "_target_" not in str(v)
+        if k not in HYDRA_KEYS and k not in built and not _holds_objects(v)
     }
+
+
+def _holds_objects(value: Any) -> bool:
+    """Whether `value` holds configs of objects (`trainer.plugins`), which Hydra builds."""
+    if isinstance(value, dict):
+        return "_target_" in value or any(_holds_objects(v) for v in value.values())
+    return isinstance(value, list) and any(_holds_objects(v) for v in value)
 
 
 def instantiate_group(group: DictConfig | None, key: str) -> list[Any]:
