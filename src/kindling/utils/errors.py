@@ -94,8 +94,9 @@ def config_mistake(
     missing = _missing_argument(target, arguments)
     if missing is not None:
         return UserError(f"{key}: {name} needs {missing}. Add +{key}.{missing}=<value>.")
+    hints = _type_hints(target)
     for argument, value in given.items():
-        hint = _type_hints(target).get(argument)
+        hint = hints.get(argument)
         if hint is not None and not _matches(value, hint):
             return UserError(
                 f"{key}.{argument}={_show(value)} has the wrong type: {name} takes "
