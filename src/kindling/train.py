@@ -1,6 +1,7 @@
 """The path of a run: config -> data, model, callbacks, loggers, trainer -> fit -> test."""
 
 import logging
+import os
 import signal
 import sys
 from collections.abc import Iterator
@@ -12,7 +13,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from lightning.pytorch.callbacks import LearningRateMonitor
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
@@ -54,8 +55,10 @@ OmegaConf.register_new_resolver("job_device", hydra_ddp.job_device, replace=True
 def run(cfg: DictConfig) -> float | None:
     """Train and/or test as `cfg` says; return the value of `cfg.optimized_metric` (or None).
 
-    Bad input stops a single run with its message alone (no traceback; exit code 1). In a
-    multirun the error is raised, so Hydra records the job as failed and runs the others.
+    Bad input stops a single run with its message alone (no traceback; exit code 1), printed by
+    rank 0 only: every rank of a multi-process job meets the same mistake. In a multirun the
+    error is raised too, so Hydra records the job as failed and runs the others. With
+    HYDRA_FULL_ERROR=1 it is raised, and Hydra prints the whole traceback.
     """
     ignore_unhelpful_warnings()
     use_plain_cuda_check_without_gpu()
@@ -69,10 +72,13 @@ def run(cfg: DictConfig) -> float | None:
         sys.exit(128 + signal.SIGTERM)
     except Exception as error:
         user_error = find_user_error(error)
-        if user_error is not None and not _in_multirun():
+        if user_error is None or os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        if rank_zero_only.rank == 0:
             log.error("%s", user_error)
-            sys.exit(1)
-        raise
+        if _in_multirun():
+            raise
+        sys.exit(1)
 
 
 def train_and_test(cfg: DictConfig) -> float | None:
