@@ -136,7 +136,10 @@ def _check_value(cfg: DictConfig, key: str, source: str, given: str) -> None:
         return
     annotation = _annotation(target, name)
     allowed = _checked_types(annotation)
-    value = OmegaConf.select(cfg, key, throw_on_resolution_failure=False)
+    try:
+        value = OmegaConf.select(cfg, key)
+    except Exception:  # an interpolation that does not resolve: its own error says why
+        return
     if not allowed or _accepts(allowed, value):
         return
     copied = f": {key} is ${{{source}}}" if key != source else ""
