@@ -1,14 +1,27 @@
 """Every config option composes, and its objects build from config alone."""
 
+import csv
+import inspect
+import re
+import typing
+from pathlib import Path
+
+import lightning as L
 import pytest
 import torch
 from hydra.utils import instantiate
+from lightning.pytorch.callbacks import ModelSummary, ProgressBar
 from omegaconf import OmegaConf
 
+import kindling.train
 from kindling.data import ImageDataModule
 from kindling.modules import Classifier
+from kindling.train import run
+from kindling.utils import UserError, build, checks
 
 from conftest import options
+
+QUIET = ["callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null"]
 
 GROUPS = ["data", "model", "trainer", "callbacks", "logger", "experiment", "debug"]
 
@@ -102,3 +115,98 @@ def test_top_level_keys(compose_config) -> None:
     for key in ["train", "test", "ckpt_path", "task_name", "tags", "optimized_metric"]:
         assert key in cfg
     assert cfg.trainer.accelerator == "auto" and cfg.trainer.devices == 1
+
+
+# The Trainer arguments users reach for, each listed in configs/trainer/default.yaml so that
+# `trainer.max_steps=2000` needs no `+`.
+COMMON_TRAINER_KEYS = [
+    "max_epochs", "min_epochs", "max_steps", "min_steps", "max_time", "val_check_interval",
+    "check_val_every_n_epoch", "num_sanity_val_steps", "limit_train_batches",
+    "limit_val_batches", "limit_test_batches", "limit_predict_batches", "overfit_batches",
+    "fast_dev_run", "accumulate_grad_batches", "gradient_clip_val", "gradient_clip_algorithm",
+    "enable_progress_bar", "enable_model_summary", "enable_checkpointing", "profiler",
+    "detect_anomaly", "deterministic", "benchmark",
+]  # fmt: skip
+
+
+def test_common_trainer_arguments_are_listed_with_lightnings_defaults(compose_config) -> None:
+    trainer = compose_config().trainer
+    assert set(COMMON_TRAINER_KEYS) <= set(trainer)
+    # A Lightning default of None stands for a value that the yaml spells out.
+    spelled_out = {
+        **{f"limit_{split}_batches": 1.0 for split in ["train", "val", "test", "predict"]},
+        **{f"enable_{part}": True for part in ["progress_bar", "model_summary", "checkpointing"]},
+        "num_sanity_val_steps": 2,
+    }
+    kindling_defaults = {"max_epochs", "min_epochs", "deterministic"}
+    for name, parameter in inspect.signature(L.Trainer).parameters.items():
+        if name in COMMON_TRAINER_KEYS and name not in kindling_defaults:
+            assert trainer[name] == spelled_out.get(name, parameter.default), name
+    cfg = compose_config("trainer.max_steps=2000", "trainer.gradient_clip_val=1.0")
+    assert cfg.trainer.max_steps == 2000 and cfg.trainer.gradient_clip_val == 1.0
+
+
+def test_value_check_passes_every_null_the_trainer_takes(compose_config) -> None:
+    optional = [
+        name for name, parameter in inspect.signature(L.Trainer).parameters.items()
+        # max_epochs is also the cosine schedule's length, which null would break.
+        if name in COMMON_TRAINER_KEYS and name != "max_epochs"
+        and type(None) in typing.get_args(parameter.annotation)
+    ]  # fmt: skip
+    assert "check_val_every_n_epoch" in optional and len(optional) > 10
+    checks.check_value_types(compose_config(*[f"trainer.{name}=null" for name in optional]))
+    step_based = ["trainer.max_steps=2000", "trainer.max_epochs=-1"]
+    step_based += ["trainer.val_check_interval=250", "trainer.check_val_every_n_epoch=null"]
+    checks.check_value_types(compose_config(*step_based))
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("trainer.max_epochs=abc", "trainer.max_epochs must be a number or null, got abc"),
+        ("trainer.enable_progress_bar=maybe", "must be true, false or null, got maybe"),
+        ("model.optimizer.lr=fast", "model.optimizer.lr must be a number, got fast (AdamW's lr"),
+        ("data.batch_size=big", "data.batch_size must be a number, got big"),
+        ("seed=abc", "seed must be a number or null, got abc"),
+        # Null suits the Trainer, but the cosine schedule copies max_epochs as its length.
+        ("trainer.max_epochs=null", "model.scheduler.T_max is ${trainer.max_epochs}"),
+    ],
+)
+def test_value_check_refuses_what_the_target_cannot_take(compose_config, override, message):
+    with pytest.raises(UserError, match=re.escape(message)):
+        checks.check_value_types(compose_config(override))
+
+
+@pytest.mark.slow
+def test_validation_every_n_steps_across_epochs(compose_config) -> None:
+    cfg = compose_config(
+        "trainer=cpu", "trainer.max_steps=20", "trainer.max_epochs=-1",
+        "trainer.val_check_interval=5", "trainer.check_val_every_n_epoch=null",
+        # 8 steps per epoch: validation falls in the middle of epochs, and in three of them.
+        "trainer.limit_train_batches=8", "trainer.limit_val_batches=2", "data.batch_size=16",
+        "model.scheduler=null", "test=false", "callbacks.plots=null", *QUIET,
+    )  # fmt: skip
+    run(cfg)
+    with open(Path(cfg.paths.output_dir) / "csv" / "metrics.csv") as f:
+        rows = [r for r in csv.DictReader(f) if r["val/loss"]]
+    # A validation is logged with the (0-based) index of the training step it follows.
+    steps_done = [int(r["step"]) + 1 for r in rows]
+    assert steps_done == [5, 10, 15, 20]
+    assert [int(r["epoch"]) for r in rows] == [0, 1, 1, 2]
+
+
+def test_trainer_switches_turn_off_their_callbacks(compose_config, monkeypatch) -> None:
+    # Lightning refuses a progress bar or checkpoint callback beside these false, and would run
+    # the model summary callback anyway.
+    built = []
+
+    def recording_build(config, key, **kwargs):
+        built.append(build(config, key, **kwargs))
+        return built[-1]
+
+    monkeypatch.setattr(kindling.train, "build", recording_build)
+    switches = ["enable_progress_bar", "enable_model_summary", "enable_checkpointing"]
+    run(compose_config("debug=fdr", *[f"trainer.{name}=false" for name in switches]))
+    (trainer,) = [b for b in built if isinstance(b, L.Trainer)]
+    assert not [c for c in trainer.callbacks if isinstance(c, ProgressBar | ModelSummary)]
+    assert trainer.checkpoint_callback is None

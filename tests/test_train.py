@@ -195,7 +195,7 @@ def test_model_summary_shows_flops_and_sizes_of_one_example_image(compose_config
 def test_a_run_that_stops_before_its_first_validation_still_finishes(compose_config) -> None:
     # Early stopping checks after each validation; at the end of a training epoch it would find
     # no val/acc yet and raise.
-    cfg = compose_config("trainer=cpu", "+trainer.max_steps=3", "optimized_metric=null", *QUIET)
+    cfg = compose_config("trainer=cpu", "trainer.max_steps=3", "optimized_metric=null", *QUIET)
     assert run(cfg) is None
     rows = read_metrics(Path(cfg.paths.output_dir))
     assert not any(row.get("val/acc") for row in rows)

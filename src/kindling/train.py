@@ -12,7 +12,13 @@ import lightning as L
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from lightning.pytorch.callbacks import LearningRateMonitor
+from lightning.pytorch.callbacks import (
+    Callback,
+    LearningRateMonitor,
+    ModelCheckpoint,
+    ModelSummary,
+    ProgressBar,
+)
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
@@ -104,9 +110,7 @@ def train_and_test(cfg: DictConfig) -> float | None:
         ContinueMetrics(),
         CheckpointOnInterrupt(),
     ]
-    if not loggers:
-        # LearningRateMonitor refuses to run without a logger; there is nothing to record to.
-        callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
+    callbacks = _callbacks_the_trainer_runs(callbacks, cfg.trainer, has_logger=bool(loggers))
     trainer: L.Trainer = build(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False)
 
     rank_zero_info(f"Run folder: {cfg.paths.output_dir}")
@@ -142,6 +146,26 @@ def _check(cfg: DictConfig) -> str | None:
     elif not cfg.get("train") and cfg.get("test"):
         raise UserError("train=false tests a checkpoint: give it with ckpt_path=<file>.")
     return str(checkpoint) if checkpoint is not None else None
+
+
+# `trainer.enable_progress_bar=false` (and the like) turns off what these callbacks do; Lightning
+# would refuse a progress bar or checkpoint callback beside it, and still run a model summary.
+SWITCHED_OFF_BY = {
+    "enable_progress_bar": ProgressBar,
+    "enable_model_summary": ModelSummary,
+    "enable_checkpointing": ModelCheckpoint,
+}
+
+
+def _callbacks_the_trainer_runs(
+    callbacks: list[Callback], trainer: DictConfig, has_logger: bool
+) -> list[Callback]:
+    """The callbacks less those the trainer config switches off, or that need a logger."""
+    dropped = tuple(kind for flag, kind in SWITCHED_OFF_BY.items() if trainer.get(flag) is False)
+    if not has_logger:
+        # LearningRateMonitor refuses to run without a logger; there is nothing to record to.
+        dropped += (LearningRateMonitor,)
+    return [c for c in callbacks if not isinstance(c, dropped)]
 
 
 @contextmanager

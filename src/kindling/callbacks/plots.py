@@ -46,9 +46,11 @@ def learning_curves_figure(history: History, metrics: Sequence[str]) -> Figure |
     names = [n for n in metrics if any(history.get(f"{s}/{n}") for s in STAGES)]
     if not names:
         return None
-    # A bare Figure on the Agg canvas: no pyplot state, no GUI backend, safe in any process.
-    figure = Figure(figsize=(5 * len(names), 4), dpi=100, layout="constrained")
-    FigureCanvasAgg(figure)
+    figure = _figure(width=5 * len(names), height=4)
+    # Fixed margins, in inches so that they hold for any number of panels.
+    width = figure.get_figwidth()
+    figure.subplots_adjust(left=0.6 / width, right=1 - 0.2 / width, bottom=0.12, top=0.92)
+    figure.subplots_adjust(wspace=0.9 / 5)
     for ax, name in zip(figure.subplots(1, len(names), squeeze=False)[0], names, strict=True):
         for stage in STAGES:
             values = history.get(f"{stage}/{name}")
@@ -63,10 +65,21 @@ def learning_curves_figure(history: History, metrics: Sequence[str]) -> Figure |
     return figure
 
 
+def _figure(width: float, height: float) -> Figure:
+    """A bare Figure on the Agg canvas: no pyplot state, no GUI backend, safe in any process.
+
+    Its margins are set by the caller: a layout engine (constrained, tight) lays the figure out on
+    a draw of its own before the one saved, which doubles the cost of `savefig`.
+    """
+    figure = Figure(figsize=(width, height), dpi=100)
+    FigureCanvasAgg(figure)
+    return figure
+
+
 def confusion_matrix_figure(confmat: torch.Tensor) -> Figure:
     """torchmetrics' own confusion-matrix plot on an Agg figure, titled with count and accuracy."""
-    figure = Figure(figsize=(7, 6), dpi=100, layout="constrained")
-    FigureCanvasAgg(figure)
+    figure = _figure(width=6.5, height=6.5)
+    figure.subplots_adjust(left=0.12, right=0.97, bottom=0.1, top=0.94)
     ax = figure.subplots()
     num_classes = confmat.shape[0]
     # Numbers in the cells stay readable up to about 20 classes.

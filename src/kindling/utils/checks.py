@@ -1,12 +1,14 @@
 """Checks of the config that fail fast, with a message that names the problem and the fix."""
 
+import inspect
 import os
+import typing
 from pathlib import Path
+from types import NoneType, UnionType
 
 import torch
-from hydra import compose
-from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 
 from kindling.utils.checkpoint import read_checkpoint
@@ -73,40 +75,133 @@ def check_checkpoint(path: Path, model: DictConfig) -> None:
         )
 
 
-def is_number(value: object) -> bool:
-    return isinstance(value, int | float)
+# Top-level keys that kindling.train passes to a function rather than to a `_target_`.
+TOP_LEVEL_TARGETS = {"seed": "lightning.seed_everything"}
+
+# The annotations this check reads; any other type (str, Path, Literal, a class) may come from a
+# config value in ways only its class knows, so a parameter annotated with one is never checked.
+NUMBERS = (int, float, torch.Tensor)
+CHECKED = (*NUMBERS, bool, NoneType)
 
 
 def check_value_types(cfg: DictConfig) -> None:
-    """A command-line value that is not a number where the config's own value is one.
+    """A command-line value that its target's signature cannot take: one line naming the key.
 
-    `trainer.max_epochs=abc` would otherwise fail deep inside Lightning. The config is composed
-    again with the same group choices but without value overrides, to learn each key's type;
-    only when some value given is not a number (a composition takes 0.3 s). A null where a
-    number belongs is refused too: `trainer.max_epochs` also sets the cosine schedule's length.
+    `trainer.max_epochs=abc` would otherwise fail deep inside Lightning. What a key takes is read
+    from the annotation of the argument it sets, in the signature of its node's `_target_`:
+    `int | None` takes a number or null, `float | Tensor` a number. Only annotations made of
+    numbers, bools and None are checked, so that no value the target accepts is ever refused;
+    the target's own validation does the rest. A key that another copies whole
+    (`T_max: ${trainer.max_epochs}`) must suit that one's target too.
     """
-    if not (HydraConfig.initialized() and GlobalHydra.instance().is_initialized()):
+    if not HydraConfig.initialized():
         return
     hydra_cfg = HydraConfig.get()
     groups = set(hydra_cfg.runtime.choices)
-    choices, values = [], {}
+    given = {}
     for override in hydra_cfg.overrides.task:
         key, _, value = override.partition("=")
-        if key.lstrip("+~") in groups:
-            choices.append(override)
-        # A number given is fine wherever it goes; only other values need the defaults' types.
-        elif not key.startswith(("+", "~")) and not is_number(OmegaConf.select(cfg, key)):
-            values[key] = value
-    if not values:
+        key = key.lstrip("+")
+        if not key.startswith("~") and key not in groups:
+            given[key] = value
+    if not given:
         return
-    # Config folders added with hydra.searchpath= must be searched again.
-    searchpath = [o for o in hydra_cfg.overrides.hydra if o.startswith("hydra.searchpath")]
+    for key, value in given.items():
+        _check_value(cfg, key, source=key, given=value)
+    for user, source in _copies(OmegaConf.to_container(cfg, resolve=False), given):
+        _check_value(cfg, user, source=source, given=given[source])
+
+
+def _copies(node: object, keys: dict, path: str = "") -> list[tuple[str, str]]:
+    """(key, source) for every value of the unresolved config that is exactly `${source}`."""
+    found = []
+    if isinstance(node, dict):
+        for name, value in node.items():
+            key = f"{path}.{name}" if path else str(name)
+            whole = isinstance(value, str) and value.startswith("${") and value.endswith("}")
+            if whole and value[2:-1] in keys:
+                found.append((key, value[2:-1]))
+            found += _copies(value, keys, key)
+    return found
+
+
+def _check_value(cfg: DictConfig, key: str, source: str, given: str) -> None:
+    parent_key, _, name = key.rpartition(".")
+    if parent_key:
+        parent = OmegaConf.select(cfg, parent_key, throw_on_resolution_failure=False)
+        target = parent.get("_target_") if isinstance(parent, DictConfig) else None
+    else:
+        target = TOP_LEVEL_TARGETS.get(name)
+    if not isinstance(target, str):
+        return
+    annotation = _annotation(target, name)
+    allowed = _checked_types(annotation)
     try:
-        defaults = compose(config_name=hydra_cfg.job.config_name, overrides=choices + searchpath)
-    except Exception:  # a composition this check cannot repeat: the constructors still check
+        value = OmegaConf.select(cfg, key)
+    except Exception:  # an interpolation that does not resolve: its own error says why
         return
-    for key, given in values.items():
-        default = OmegaConf.select(defaults, key, throw_on_resolution_failure=False)
-        expects_number = is_number(default) and not isinstance(default, bool)
-        if expects_number and not is_number(OmegaConf.select(cfg, key)):
-            raise UserError(f"{key} must be a number (its default is {default}), got {given!r}.")
+    if not allowed or _accepts(allowed, value):
+        return
+    copied = f": {key} is ${{{source}}}" if key != source else ""
+    signature = f"{target.rsplit('.', 1)[-1]}'s {name}: {_type_name(annotation)}"
+    raise UserError(f"{source} must be {_described(allowed)}, got {given}{copied} ({signature}).")
+
+
+def _annotation(target: str, name: str) -> object:
+    """The annotation of argument `name` of the class or function `target` (None: unknown).
+
+    A class whose `__init__` passes `**kwargs` on to its base is searched on in the base.
+    """
+    try:
+        found = get_object(target)
+    except Exception:  # not importable: the constructor's own error says so
+        return None
+    for function in [c.__init__ for c in found.__mro__] if isinstance(found, type) else [found]:
+        try:
+            parameters = inspect.signature(function, eval_str=True).parameters
+        except Exception:  # no signature, or annotations that do not evaluate
+            return None
+        if name in parameters:
+            return parameters[name].annotation
+        if not any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+            return None
+    return None
+
+
+def _checked_types(annotation: object) -> tuple[type, ...]:
+    """The types of an annotation made of numbers, bools and None only; () for any other."""
+    members = typing.get_args(annotation) if _is_union(annotation) else (annotation,)
+    if not all(isinstance(m, type) and issubclass(m, CHECKED) for m in members):
+        return ()
+    return members
+
+
+def _is_union(annotation: object) -> bool:
+    return typing.get_origin(annotation) in (typing.Union, UnionType)
+
+
+def _accepts(allowed: tuple[type, ...], value: object) -> bool:
+    """Numbers and bools pass for any checked type (Python takes True as 1 and 0 as false);
+    null only where the annotation has None; text never."""
+    if value is None:
+        return NoneType in allowed
+    if isinstance(value, int | float):
+        return True
+    return not isinstance(value, str)  # a list or a config: left to the target
+
+
+def _described(allowed: tuple[type, ...]) -> str:
+    words = []
+    if any(t is not bool and issubclass(t, NUMBERS) for t in allowed):
+        words.append("a number")
+    elif bool in allowed:
+        words += ["true", "false"]
+    if NoneType in allowed:
+        words.append("null")
+    return " or ".join(words) if len(words) < 3 else f"{', '.join(words[:-1])} or {words[-1]}"
+
+
+def _type_name(annotation: object) -> str:
+    if _is_union(annotation):
+        return " | ".join(_type_name(m) for m in typing.get_args(annotation))
+    return "None" if annotation is NoneType else getattr(annotation, "__name__", str(annotation))
