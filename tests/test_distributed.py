@@ -60,10 +60,9 @@ def test_torchrun_uses_one_run_folder(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_two_processes_report_the_same_accuracy_as_one(tmp_path: Path) -> None:
+def test_two_processes_report_the_same_accuracy_as_one(tmp_path: Path, trained_run) -> None:
     """Metrics are reduced across ranks: testing one checkpoint on 1 or 2 processes agrees."""
-    train_py("trainer=cpu", "debug=limit", *QUIET, "hydra.run.dir=trained", cwd=tmp_path)
-    checkpoint = tmp_path / "trained" / "checkpoints" / "last.ckpt"
+    checkpoint = trained_run.last_checkpoint
     results = {}
     for devices in (1, 2):
         train_py(

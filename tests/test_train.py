@@ -50,12 +50,8 @@ def test_every_model_learns_digits(compose_config, tmp_path: Path, model: str) -
     assert train_losses[-1] < 0.5 * train_losses[0]
 
 
-def test_run_logs_metrics_checkpoints_and_returns_optimized_metric(
-    compose_config, tmp_path
-) -> None:
-    cfg = compose_config("debug=limit", "trainer=cpu", *QUIET)
-    value = run(cfg)
-    run_dir = tmp_path / "run"
+def test_run_logs_metrics_checkpoints_and_returns_optimized_metric(trained_run) -> None:
+    value, run_dir = trained_run.value, trained_run.run_dir
     rows = read_metrics(run_dir)
     logged = {name for row in rows for name, v in row.items() if v}
     assert {
@@ -126,17 +122,16 @@ def test_train_py_two_cpu_processes(tmp_path: Path) -> None:
     assert last_value(read_metrics(run_dir), "test/acc") > 0.0
 
 
-def test_checkpoint_alone_rebuilds_the_model(compose_config, tmp_path) -> None:
+def test_checkpoint_alone_rebuilds_the_model(trained_run) -> None:
     import torch
 
     from kindling.modules import Classifier
     from kindling.utils.checkpoint import load_module
 
-    run(compose_config("model=lstm", "debug=limit", "trainer=cpu", "trainer.max_epochs=1", *QUIET))
-    path = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    path = trained_run.last_checkpoint
     module, checkpoint = load_module(path)
     assert isinstance(module, Classifier) and not module.training
-    assert checkpoint["config"]["model"]["net"]["_target_"] == "kindling.models.LSTMClassifier"
+    assert checkpoint["config"]["model"]["net"]["_target_"] == "kindling.models.CNNClassifier"
     weights = torch.load(path, weights_only=True)["state_dict"]
     for name, tensor in module.state_dict().items():
         torch.testing.assert_close(tensor, weights[name])
