@@ -122,16 +122,18 @@ def test_train_py_two_cpu_processes(tmp_path: Path) -> None:
     assert last_value(read_metrics(run_dir), "test/acc") > 0.0
 
 
-def test_checkpoint_alone_rebuilds_the_model(trained_run) -> None:
+def test_checkpoint_alone_rebuilds_the_model(compose_config, tmp_path) -> None:
     import torch
 
     from kindling.modules import Classifier
     from kindling.utils.checkpoint import load_module
 
-    path = trained_run.last_checkpoint
+    # Not the default net: rebuilding the default instead would not load these weights.
+    run(compose_config("model=lstm", "debug=limit", "trainer=cpu", "trainer.max_epochs=1", *QUIET))
+    path = tmp_path / "run" / "checkpoints" / "last.ckpt"
     module, checkpoint = load_module(path)
     assert isinstance(module, Classifier) and not module.training
-    assert checkpoint["config"]["model"]["net"]["_target_"] == "kindling.models.CNNClassifier"
+    assert checkpoint["config"]["model"]["net"]["_target_"] == "kindling.models.LSTMClassifier"
     weights = torch.load(path, weights_only=True)["state_dict"]
     for name, tensor in module.state_dict().items():
         torch.testing.assert_close(tensor, weights[name])
