@@ -1,23 +1,62 @@
-"""Shared fixtures: compose the project's configs the way `python train.py` does."""
+"""Shared fixtures and helpers. Use them in new tests rather than training or composing anew.
+
+Fixtures:
+- `compose_config(*overrides)`: `configs/train.yaml` composed with overrides, as `python
+  train.py` composes it, with the run folder (`tmp_path/run`), log and data folders in tmp_path.
+  Pass the result to `kindling.train.run(cfg)` to train in-process (no `python train.py`
+  subprocess, which pays ~6 s of imports).
+- `trained_run`: one default classifier run (digits, CNN, `trainer=cpu trainer.max_epochs=4`,
+  then tested), trained once per test session and shared by every pytest-xdist worker. Its
+  `.run_dir` holds `checkpoints/last.ckpt`, the best `checkpoints/epoch_*.ckpt`,
+  `csv/metrics.csv` (train, val and test rows); `.value` is what `run` returned (val/acc_best).
+  Tests that only read a trained checkpoint or its metrics use it; they must not write into its
+  folder (give a test-only run its own `paths.output_dir`).
+- `serve_folder(folder)`: an HTTP server for `folder` on 127.0.0.1 (a free port), stopped at
+  teardown; returns its address and the paths asked of it.
+
+Helpers: `train_py(*args, cwd=...)` runs `python train.py` as a user does, for what is about the
+process itself (exit codes, signals, console output, several processes); `options(group)` lists
+the options of a config group; `ROOT` and `CONFIG_DIR` locate the repository.
+
+The suite runs in parallel (pytest-xdist; `-n` in pyproject.toml): a test uses only its own
+tmp_path (or a session fixture like `trained_run`), never a fixed port or a file in the
+repository, and may share a worker with any other test.
+"""
 
 import functools
+import json
+import os
 import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+import torch
+from filelock import FileLock
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
-import kindling.train  # noqa: F401 - registers the resolvers the configs use
+import kindling.train  # also registers the resolvers the configs use
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = ROOT / "configs"
+QUIET = ["callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """In an xdist worker, share the cores out: N workers each running torch on every core
+    would fight over them. Subprocesses (`python train.py`) inherit the setting."""
+    workers = getattr(config, "workerinput", {}).get("workercount")
+    if workers:
+        threads = max(1, len(os.sched_getaffinity(0)) // workers)
+        torch.set_num_threads(threads)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
 
 
 def train_py(*args: str, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -28,26 +67,64 @@ def train_py(*args: str, cwd: Path, timeout: int = 600) -> subprocess.CompletedP
     )  # fmt: skip
 
 
-@pytest.fixture
-def compose_config(tmp_path: Path) -> Callable[..., DictConfig]:
-    """Compose `configs/train.yaml` with overrides, its run folder and data folder in tmp_path."""
-
-    def _compose(*overrides: str) -> DictConfig:
-        GlobalHydra.instance().clear()
-        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-            cfg = compose(config_name="train", overrides=list(overrides), return_hydra_config=True)
-        # What @hydra.main does before calling the task: ${hydra:...} resolves from HydraConfig,
-        # and the task's config has no `hydra` key.
-        HydraConfig().set_config(cfg)
-        with open_dict(cfg):
-            del cfg["hydra"]
-            cfg.paths.output_dir = str(tmp_path / "run")
-            cfg.paths.log_dir = str(tmp_path / "logs")
-            cfg.paths.data_dir = str(tmp_path / "data")
-        return cfg
-
-    yield _compose
+def compose_in(folder: Path, *overrides: str) -> DictConfig:
+    """`configs/train.yaml` with overrides, its run, log and data folders under `folder`."""
     GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=list(overrides), return_hydra_config=True)
+    # What @hydra.main does before calling the task: ${hydra:...} resolves from HydraConfig,
+    # and the task's config has no `hydra` key.
+    HydraConfig().set_config(cfg)
+    with open_dict(cfg):
+        del cfg["hydra"]
+        cfg.paths.output_dir = str(folder / "run")
+        cfg.paths.log_dir = str(folder / "logs")
+        cfg.paths.data_dir = str(folder / "data")
+    return cfg
+
+
+@pytest.fixture
+def compose_config(tmp_path: Path) -> Iterator[Callable[..., DictConfig]]:
+    """Compose `configs/train.yaml` with overrides, its run folder and data folder in tmp_path."""
+    yield functools.partial(compose_in, tmp_path)
+    GlobalHydra.instance().clear()
+
+
+@dataclass(frozen=True)
+class TrainedRun:
+    run_dir: Path  # the run folder: checkpoints/, csv/metrics.csv, ...
+    value: float  # what kindling.train.run returned: the optimized metric, val/acc_best
+
+    @property
+    def last_checkpoint(self) -> Path:
+        return self.run_dir / "checkpoints" / "last.ckpt"
+
+    @property
+    def best_checkpoint(self) -> Path:
+        (best,) = (self.run_dir / "checkpoints").glob("epoch_*.ckpt")
+        return best
+
+
+TRAINED_RUN = ["trainer=cpu", "trainer.max_epochs=4", *QUIET]
+
+
+def _train(folder: Path) -> TrainedRun:
+    return TrainedRun(folder / "run", kindling.train.run(compose_in(folder, *TRAINED_RUN)))
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory: pytest.TempPathFactory) -> TrainedRun:
+    """One default run, trained by whichever worker asks first; the others wait and read it."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:  # one process: its own temporary folder
+        return _train(tmp_path_factory.mktemp("trained_run"))
+    # Workers of one session share the parent of their temporary folders.
+    folder = tmp_path_factory.getbasetemp().parent / "trained_run"
+    done = folder / "value.json"
+    with FileLock(str(folder) + ".lock"):
+        if not done.is_file():
+            trained = _train(folder)
+            done.write_text(json.dumps(trained.value))
+    return TrainedRun(folder / "run", json.loads(done.read_text()))
 
 
 def options(group: str) -> list[str]:

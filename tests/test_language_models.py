@@ -356,10 +356,9 @@ def test_sampling_needs_only_the_checkpoint(compose_config, tmp_path, monkeypatc
     assert sample("seed=1", "temperature=1.0", "top_k=10") != text
 
 
-def test_sampling_a_classifier_checkpoint_is_a_user_error(compose_config, tmp_path) -> None:
-    run(compose_config("model=lstm", "debug=limit", "trainer=cpu", "trainer.max_epochs=1", *QUIET))
+def test_sampling_a_classifier_checkpoint_is_a_user_error(trained_run) -> None:
     with pytest.raises(UserError, match="not a LanguageModel"):
-        sample_cli.main([f"ckpt_path={tmp_path / 'run' / 'checkpoints' / 'last.ckpt'}"])
+        sample_cli.main([f"ckpt_path={trained_run.last_checkpoint}"])
 
 
 @pytest.mark.parametrize(

@@ -11,32 +11,11 @@ from sklearn.datasets import load_digits
 from torchvision.io import write_png
 
 from kindling.predict import PredictArgs, predict
-from kindling.train import run
-
-QUIET = ["callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null"]
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> Path:
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.hydra_config import HydraConfig
-    from omegaconf import open_dict
-
-    from conftest import CONFIG_DIR
-
-    folder = tmp_path_factory.mktemp("trained")
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        cfg = compose("train", ["trainer=cpu", "test=false", *QUIET], return_hydra_config=True)
-    GlobalHydra.instance().clear()
-    HydraConfig().set_config(cfg)
-    with open_dict(cfg):
-        del cfg["hydra"]
-        cfg.paths.output_dir = str(folder)
-        cfg.trainer.max_epochs = 4
-    run(cfg)
-    return folder / "checkpoints" / "last.ckpt"
+@pytest.fixture
+def checkpoint(trained_run) -> Path:
+    return trained_run.last_checkpoint
 
 
 def read_rows(path: Path) -> list[dict[str, str]]:

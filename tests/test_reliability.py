@@ -68,20 +68,18 @@ def test_resume_gives_the_same_numbers_as_a_straight_run(compose_config, tmp_pat
         torch.testing.assert_close(weights[1][key], tensor, rtol=0, atol=1e-6, msg=key)
 
 
-def test_test_only_run_reports_the_training_runs_test_accuracy(compose_config, tmp_path) -> None:
-    run(in_folder(compose_config("debug=limit", "trainer=cpu", *QUIET), tmp_path / "trained"))
-    trained = last(metrics_csv(tmp_path / "trained"), "test/acc")
-    best = next((tmp_path / "trained" / "checkpoints").glob("epoch_*.ckpt"))
-    cfg = compose_config("train=false", f"ckpt_path={best}", "debug=limit", "trainer=cpu", *QUIET)
+def test_test_only_run_reports_the_training_runs_test_accuracy(
+    compose_config, tmp_path, trained_run
+) -> None:
+    trained = last(metrics_csv(trained_run.run_dir), "test/acc")
+    best = trained_run.best_checkpoint
+    cfg = compose_config("train=false", f"ckpt_path={best}", "trainer=cpu", *QUIET)
     run(in_folder(cfg, tmp_path / "tested"))
     assert last(metrics_csv(tmp_path / "tested"), "test/acc") == pytest.approx(trained)
 
 
-def test_checkpoints_load_with_weights_only_and_without_compile_prefixes(
-    compose_config, tmp_path
-) -> None:
-    run(in_folder(compose_config("debug=limit", "trainer=cpu", *QUIET), tmp_path / "run"))
-    path = tmp_path / "run" / "checkpoints" / "last.ckpt"
+def test_checkpoints_load_with_weights_only_and_without_compile_prefixes(trained_run) -> None:
+    path = trained_run.last_checkpoint
     checkpoint = torch.load(path, weights_only=True)  # raises on any non-plain object
     assert isinstance(checkpoint["config"], dict)
     # A net compiled with the torch.compile wrapper names its weights `_orig_mod.<name>`.
@@ -204,14 +202,12 @@ def test_bad_input_gives_a_short_clear_error(tmp_path: Path, case: str) -> None:
 
 
 @pytest.mark.slow
-def test_checkpoints_of_another_model_and_other_files_are_refused(tmp_path: Path) -> None:
-    trained = train_py(
-        "debug=limit", "trainer=cpu", *QUIET, "hydra.run.dir=cnn", cwd=tmp_path, timeout=300
-    )
-    assert trained.returncode == 0, trained.stderr[-2000:]
+def test_checkpoints_of_another_model_and_other_files_are_refused(
+    tmp_path: Path, trained_run
+) -> None:
     (tmp_path / "notes.ckpt").write_text("not a checkpoint")
     cases = {
-        "model=lstm ckpt_path=cnn/checkpoints/last.ckpt": "holds a CNNClassifier, but this run",
+        f"model=lstm ckpt_path={trained_run.last_checkpoint}": "holds a CNNClassifier, but",
         "ckpt_path=notes.ckpt": "notes.ckpt is not a readable checkpoint",
     }
     for args, message in cases.items():

@@ -54,12 +54,8 @@ def test_every_model_learns_digits(compose_config, tmp_path: Path, model: str) -
     assert train_losses[-1] < 0.5 * train_losses[0]
 
 
-def test_run_logs_metrics_checkpoints_and_returns_optimized_metric(
-    compose_config, tmp_path
-) -> None:
-    cfg = compose_config("debug=limit", "trainer=cpu", *QUIET)
-    value = run(cfg)
-    run_dir = tmp_path / "run"
+def test_run_logs_metrics_checkpoints_and_returns_optimized_metric(trained_run) -> None:
+    value, run_dir = trained_run.value, trained_run.run_dir
     rows = read_metrics(run_dir)
     logged = {name for row in rows for name, v in row.items() if v}
     assert {
@@ -136,6 +132,7 @@ def test_checkpoint_alone_rebuilds_the_model(compose_config, tmp_path) -> None:
     from kindling.modules import Classifier
     from kindling.utils.checkpoint import load_module
 
+    # Not the default net: rebuilding the default instead would not load these weights.
     run(compose_config("model=lstm", "debug=limit", "trainer=cpu", "trainer.max_epochs=1", *QUIET))
     path = tmp_path / "run" / "checkpoints" / "last.ckpt"
     module, checkpoint = load_module(path)
