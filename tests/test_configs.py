@@ -63,10 +63,11 @@ def test_model_config_parts_instantiate_on_their_own(compose_config, model: str)
     cfg = compose_config(f"model={model}")
     net = instantiate(cfg.model.net)
     optimizer = instantiate(cfg.model.optimizer)(params=net.parameters())
-    scheduler = instantiate(cfg.model.scheduler)(optimizer=optimizer)
+    # The module passes the run's optimizer steps (trainer.estimated_stepping_batches).
+    scheduler = instantiate(cfg.model.scheduler)(optimizer=optimizer, total_steps=100)
     assert isinstance(optimizer, torch.optim.Optimizer)
     assert optimizer.param_groups[0]["lr"] == cfg.model.optimizer.lr
-    assert scheduler.T_max == cfg.trainer.max_epochs
+    assert isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler)
 
 
 def test_experiment_overrides_several_groups(compose_config) -> None:

@@ -9,11 +9,13 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import hydra
 import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.loggers import TensorBoardLogger
+from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -261,7 +263,7 @@ def test_a_checkpoint_of_another_vocabulary_is_a_user_error() -> None:
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_experiment_selects_the_language_model_of_the_family(compose_config, family) -> None:
-    cfg = compose_config("experiment=charlm", f"model={family}")
+    cfg = compose_config("experiment=charlm", f"model=lm/{family}")
     expected = {"rnn": "RNN", "lstm": "LSTM", "transformer": "Transformer"}[family]
     assert cfg.model._target_ == "kindling.modules.LanguageModel"
     assert cfg.model.net._target_ == f"kindling.models.{expected}LanguageModel"
@@ -275,37 +277,53 @@ def test_without_the_experiment_model_is_still_the_classifier(compose_config) ->
     cfg = compose_config("model=lstm")
     assert cfg.model._target_ == "kindling.modules.Classifier"
     assert cfg.model.net._target_ == "kindling.models.LSTMClassifier"
-    assert "lm" not in cfg
 
 
-def test_experiment_defaults_to_the_transformer_and_lm_overrides_reach_it(compose_config) -> None:
-    cfg = compose_config("experiment=charlm", "lm.net.num_layers=3")
+def test_an_image_classifier_on_text_stops_at_its_class_count(compose_config) -> None:
+    cfg = compose_config("experiment=charlm", "model=lstm")
+    with pytest.raises(Exception, match=r"data\.num_classes"):
+        OmegaConf.to_container(cfg, resolve=True)
+
+
+def test_experiment_defaults_to_the_transformer(compose_config) -> None:
+    cfg = compose_config("experiment=charlm")
     assert cfg.model.net._target_ == "kindling.models.TransformerLanguageModel"
-    assert cfg.model.net.num_layers == 3
     assert cfg.model.net.context_length == cfg.data.context_length
 
 
-def test_a_family_without_a_language_model_names_the_ones_there_are(compose_config) -> None:
-    with pytest.raises(Exception, match=r"model/lm/cnn") as error:
-        compose_config("experiment=charlm", "model=cnn")
-    assert all(family in str(error.value) for family in FAMILIES)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_model_keys_reach_the_language_model(compose_config, family, tmp_path) -> None:
+    """`model.<key>=` means the same in every task: the learning rate the optimizer gets."""
+    corpus = tmp_path / "tiny.txt"
+    corpus.write_text(TINY_CORPUS, encoding="utf-8")
+    cfg = compose_config(
+        *tiny_experiment(family, corpus), "model.optimizer.lr=0.0123", "model.net.num_layers=2"
+    )
+    datamodule = hydra.utils.instantiate(cfg.data)
+    module = hydra.utils.instantiate(cfg.model)
+    datamodule.setup("fit")
+    module.build(datamodule.vocabulary)
+    optimizer = module.optimizer_factory(params=module.parameters())
+    assert optimizer.param_groups[0]["lr"] == 0.0123
+    num_layers = len(module.net.blocks) if family == "transformer" else module.net.rnn.num_layers
+    assert num_layers == 2
 
 
 def tiny_experiment(family: str, corpus: Path, *extra: str) -> list[str]:
     """`experiment=charlm` at a size that trains in seconds on a CPU."""
     sizes = {
-        "transformer": ["lm.net.d_model=32", "lm.net.num_layers=1", "lm.net.num_heads=2"],
-    }.get(family, ["lm.net.hidden_size=32", "lm.net.num_layers=1"])
+        "transformer": ["model.net.d_model=32", "model.net.num_layers=1", "model.net.num_heads=2"],
+    }.get(family, ["model.net.hidden_size=32", "model.net.num_layers=1"])
     return [
         "experiment=charlm",
-        f"model={family}",
+        f"model=lm/{family}",
         f"data.path={corpus}",
         "data.context_length=16",
         "data.batch_size=4",
         "trainer=cpu",
         "trainer.max_epochs=2",
         "trainer.limit_train_batches=4",
-        "lm.sample_length=20",
+        "model.sample_length=20",
         *sizes,
         *QUIET,
         *extra,

@@ -92,7 +92,8 @@ def test_run_writes_learning_curves_and_confusion_matrix(compose_config, tmp_pat
 def test_language_model_run_skips_what_it_does_not_log(compose_config, tmp_path, drawn) -> None:
     # A recurrent net on short windows, without text samples: seconds on a CPU.
     small = [
-        "model=rnn", "lm.net.hidden_size=32", "lm.net.num_layers=1", "lm.sample_length=0",
+        "model=lm/rnn", "model.net.hidden_size=32", "model.net.num_layers=1",
+        "model.sample_length=0",
         "data.batch_size=8", "data.context_length=16",
     ]  # fmt: skip
     run(compose_config("experiment=charlm", "debug=limit", "trainer=cpu", *small, *QUIET))

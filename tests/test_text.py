@@ -78,6 +78,12 @@ def test_targets_are_the_inputs_shifted_by_one() -> None:
         windows[3]
 
 
+def test_strided_windows_start_every_stride_tokens() -> None:
+    windows = TokenWindows(torch.arange(20), length=6, stride=1)
+    assert len(windows) == 14  # starts 0..13; the last reads token 19 as its last target
+    assert windows[13][1].tolist() == list(range(14, 20))
+
+
 def test_a_window_needs_one_token_past_its_end() -> None:
     assert len(TokenWindows(torch.arange(7), length=6)) == 1
     with pytest.raises(ValueError):
@@ -109,6 +115,44 @@ def test_batches_are_windows_of_the_corpus(tmp_path: Path) -> None:
     text = dm.vocabulary.decode(inputs[0]) + dm.vocabulary.decode(targets[0][-1:])
     assert text in CORPUS
     assert torch.equal(inputs[:, 1:], targets[:, :-1])
+
+
+def training_starts(dm: CharTextDataModule) -> list[int]:
+    """Where each training window of one epoch starts in the training text."""
+    tokens = dm.data_train.tokens.tolist()
+    starts = []
+    for inputs, _ in dm.train_dataloader():
+        for window in inputs.tolist():
+            starts.append(next(i for i in range(len(tokens)) if tokens[i : i + 8] == window))
+    return starts
+
+
+def test_training_windows_start_at_new_random_places_each_epoch(tmp_path: Path) -> None:
+    # Distinct characters: a window's text says where it starts.
+    dm = make_text(tmp_path, "".join(chr(0x100 + i) for i in range(400)))
+    dm.setup("fit")
+    torch.manual_seed(0)
+    first, second = training_starts(dm), training_starts(dm)
+    assert len(first) == len(second) == (280 - 1) // 8  # one epoch reads the text once
+    assert first != second
+    assert {s % 8 for s in first + second} != {0}  # not only back-to-back windows
+    torch.manual_seed(0)  # seeded by torch's generator, as seed_everything and resume set it
+    assert training_starts(dm) == first
+
+
+def test_without_random_offsets_every_epoch_shuffles_the_same_windows(tmp_path: Path) -> None:
+    dm = make_text(tmp_path, "".join(chr(0x100 + i) for i in range(400)), random_offsets=False)
+    dm.setup("fit")
+    first, second = training_starts(dm), training_starts(dm)
+    assert sorted(first) == sorted(second) == list(range(0, 272, 8))
+    assert first != second
+
+
+def test_a_test_fraction_of_0_tests_on_the_validation_text(tmp_path: Path) -> None:
+    dm = make_text(tmp_path, val_fraction=0.1, test_fraction=0.0)
+    dm.setup("fit")
+    assert dm.data_test is dm.data_val
+    assert len(dm.data_train.tokens) == len(CORPUS) - round(len(CORPUS) * 0.1)
 
 
 def test_batches_are_split_over_the_world_size(tmp_path: Path) -> None:
@@ -178,6 +222,7 @@ def test_an_empty_folder_is_a_user_error(tmp_path: Path) -> None:
         ({"download": "war_and_peace"}, "neither a known corpus"),
         ({"context_length": 0}, "context_length"),
         ({"val_fraction": 0.0}, "val_fraction"),
+        ({"test_fraction": -0.1}, "test_fraction must be 0"),
         ({"val_fraction": 0.5, "test_fraction": 0.5}, "nothing to train on"),
         ({"batch_size": 0}, "batch_size"),
     ],

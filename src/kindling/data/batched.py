@@ -2,7 +2,7 @@
 
 import lightning as L
 from lightning.pytorch.accelerators import CUDAAccelerator
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 from kindling.utils.errors import UserError
 
@@ -38,7 +38,9 @@ class BatchedDataModule(L.LightningDataModule):
         world_size = self.trainer.world_size if self.trainer is not None else 1
         return per_device_batch_size(self.hparams.batch_size, world_size)
 
-    def _loader(self, dataset: Dataset | None, shuffle: bool) -> DataLoader:
+    def _loader(
+        self, dataset: Dataset | None, shuffle: bool = False, sampler: Sampler | None = None
+    ) -> DataLoader:
         if dataset is None:
             raise RuntimeError("call setup() before asking for a data loader")
         on_cuda = self.trainer is not None and isinstance(self.trainer.accelerator, CUDAAccelerator)
@@ -47,6 +49,7 @@ class BatchedDataModule(L.LightningDataModule):
             dataset,
             batch_size=self.batch_size_per_device,
             shuffle=shuffle,
+            sampler=sampler,
             num_workers=workers,
             pin_memory=self.hparams.pin_memory and on_cuda,
             persistent_workers=self.hparams.persistent_workers and workers > 0,

@@ -3,13 +3,13 @@
 import hashlib
 import urllib.error
 import urllib.request
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from urllib.parse import urlparse
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 from kindling.data.batched import BatchedDataModule, per_device_batch_size
 from kindling.utils.errors import UserError
@@ -75,24 +75,50 @@ class Vocabulary:
 
 
 class TokenWindows(Dataset):
-    """Non-overlapping windows of a token sequence: input `tokens[i:i+T]`, target shifted by one."""
+    """Windows of a token sequence, one every `stride` tokens (back to back by default): input
+    `tokens[s:s+T]`, target the same window shifted by one."""
 
-    def __init__(self, tokens: torch.Tensor, length: int):
+    def __init__(self, tokens: torch.Tensor, length: int, stride: int | None = None):
         if len(tokens) < length + 1:
             raise ValueError(f"{len(tokens)} tokens cannot make a window of {length} + 1")
         self.tokens = tokens
         self.length = length
+        self.stride = stride or length
 
     def __len__(self) -> int:
         # The last window needs one token past its end for its last target.
-        return (len(self.tokens) - 1) // self.length
+        return (len(self.tokens) - self.length - 1) // self.stride + 1
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         if not 0 <= index < len(self):
             raise IndexError(index)
-        start = index * self.length
+        start = index * self.stride
         chunk = self.tokens[start : start + self.length + 1]
         return chunk[:-1], chunk[1:]
+
+
+class RandomWindowSampler(Sampler[int]):
+    """`num_samples` indices of a dataset of `num_windows`, drawn anew each epoch.
+
+    Drawn with replacement, as nanoGPT draws its batches, so a corpus of any size costs only
+    `num_samples` numbers. The seed comes from torch's global generator, as `RandomSampler`'s
+    does: `seed_everything` fixes it and a resumed run restores it. Not a `RandomSampler`, which
+    Lightning would swap for a `DistributedSampler` over all windows; this one it wraps, and
+    splits its draws over the processes.
+    """
+
+    def __init__(self, num_windows: int, num_samples: int):
+        self.num_windows = num_windows
+        self.num_samples = num_samples
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __iter__(self) -> Iterator[int]:
+        seed = int(torch.empty((), dtype=torch.int64).random_().item())
+        generator = torch.Generator().manual_seed(seed)
+        draws = torch.randint(self.num_windows, (self.num_samples,), generator=generator)
+        return iter(draws.tolist())
 
 
 def default_corpus() -> str:
@@ -174,9 +200,11 @@ def fetch(url: str, destination: Path) -> None:
 class CharTextDataModule(BatchedDataModule):
     """A character-level language-modelling corpus, split by position into train | val | test.
 
-    Every split serves non-overlapping windows of `context_length` characters, each with the
-    window shifted by one character as its target. The vocabulary (the corpus's characters) is
-    built from the whole corpus, so no split meets an unknown character.
+    Every split serves windows of `context_length` characters, each with the window shifted by
+    one character as its target. Validation and test read back-to-back windows; training draws
+    windows that start anywhere (`random_offsets`), as many per epoch as fit back to back. The
+    vocabulary (the corpus's characters) is built from the whole corpus, so no split meets an
+    unknown character.
 
     Args:
         data_dir: where `download` caches files (under `<data_dir>/text/`).
@@ -188,7 +216,10 @@ class CharTextDataModule(BatchedDataModule):
         context_length: characters per window (the T of a `(B, T)` batch).
         batch_size: the global batch size, divided evenly over the processes of a run.
         val_fraction: share of the corpus, after the training part, held out for validation.
-        test_fraction: share at the end of the corpus held out for testing.
+        test_fraction: share at the end of the corpus held out for testing; 0 tests on the
+            validation text (nanoGPT's train | val split, with val at the end).
+        random_offsets: each epoch, training windows start at random characters (a new draw
+            every epoch); false: the same back-to-back windows every epoch, shuffled.
         num_workers: DataLoader worker processes per device (0 loads in the main process).
         pin_memory: page-locked host batches for faster copies (used only on CUDA).
         persistent_workers: keep workers alive between epochs (when `num_workers > 0`).
@@ -203,6 +234,7 @@ class CharTextDataModule(BatchedDataModule):
         batch_size: int = 64,
         val_fraction: float = 0.1,
         test_fraction: float = 0.1,
+        random_offsets: bool = True,
         num_workers: int = 0,
         pin_memory: bool = True,
         persistent_workers: bool = True,
@@ -218,9 +250,13 @@ class CharTextDataModule(BatchedDataModule):
             download_target(download, data_dir)  # fail at construction on a bad name
         if context_length < 1:
             raise UserError(f"data.context_length must be at least 1, got {context_length}.")
-        for name, fraction in [("val_fraction", val_fraction), ("test_fraction", test_fraction)]:
-            if not 0.0 < fraction < 1.0:
-                raise UserError(f"data.{name} must be between 0 and 1, got {fraction}.")
+        if not 0.0 < val_fraction < 1.0:
+            raise UserError(f"data.val_fraction must be between 0 and 1, got {val_fraction}.")
+        if not 0.0 <= test_fraction < 1.0:
+            raise UserError(
+                f"data.test_fraction must be 0 (test on the validation text) or between 0 and 1, "
+                f"got {test_fraction}."
+            )
         if val_fraction + test_fraction >= 1.0:
             raise UserError(
                 f"data.val_fraction + data.test_fraction = {val_fraction + test_fraction} "
@@ -264,7 +300,9 @@ class CharTextDataModule(BatchedDataModule):
         num_val = round(len(tokens) * self.hparams.val_fraction)
         num_test = round(len(tokens) * self.hparams.test_fraction)
         num_train = len(tokens) - num_val - num_test
-        splits = torch.split(tokens, [num_train, num_val, num_test])
+        splits = torch.split(
+            tokens, [num_train, num_val, num_test] if num_test else [num_train, num_val]
+        )
         shortest = min(len(s) for s in splits)
         length = self.hparams.context_length
         if shortest < length + 1:
@@ -273,4 +311,16 @@ class CharTextDataModule(BatchedDataModule):
                 f"too few for one window of data.context_length={length} plus its target. "
                 "Use a longer text, a smaller data.context_length, or larger split fractions."
             )
-        self.data_train, self.data_val, self.data_test = (TokenWindows(s, length) for s in splits)
+        self.data_train, self.data_val, *rest = (TokenWindows(s, length) for s in splits)
+        self.data_test = rest[0] if rest else self.data_val
+        if self.hparams.random_offsets:
+            self.data_train = TokenWindows(splits[0], length, stride=1)
+
+    def train_dataloader(self) -> DataLoader:
+        if not self.hparams.random_offsets:
+            return super().train_dataloader()
+        # As many windows per epoch as fit back to back: an epoch still reads the text once.
+        per_epoch = (len(self.data_train.tokens) - 1) // self.hparams.context_length
+        return self._loader(
+            self.data_train, sampler=RandomWindowSampler(len(self.data_train), per_epoch)
+        )

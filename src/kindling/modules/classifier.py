@@ -24,7 +24,9 @@ class Classifier(L.LightningModule):
         net: the model; its output size sets the number of classes.
         num_classes: number of classes (for the accuracy metrics).
         optimizer: a factory taking `params` (a Hydra `_partial_: true` config).
-        scheduler: an optional factory taking `optimizer`.
+        scheduler: an optional factory taking `optimizer`, and `total_steps` (the run's
+            optimizer steps) if it has that argument, e.g.
+            `kindling.modules.optimization.warmup_cosine`.
         scheduler_interval: step the scheduler every `"epoch"` or every `"step"`.
         compile: compile the net with `torch.compile` before fitting.
         compile_mode: `torch.compile` mode (`default`, `reduce-overhead`, `max-autotune`).
@@ -132,5 +134,6 @@ class Classifier(L.LightningModule):
             self.optimizer_factory,
             self.scheduler_factory,
             self.trainer.model.parameters(),
+            self.trainer,
             interval=self.hparams.scheduler_interval,
         )

@@ -40,7 +40,9 @@ class LanguageModel(L.LightningModule):
         net: a factory taking `vocab_size` (a Hydra `_partial_: true` config), e.g.
             `kindling.models.LSTMLanguageModel`.
         optimizer: a factory taking `params`.
-        scheduler: an optional factory taking `optimizer`.
+        scheduler: an optional factory taking `optimizer`, and `total_steps` (the run's
+            optimizer steps) if it has that argument, e.g.
+            `kindling.modules.optimization.warmup_cosine`.
         scheduler_interval: step the scheduler every `"epoch"` or every `"step"`.
         compile: compile the net with `torch.compile` when it is built for training.
         compile_mode: `torch.compile` mode (`default`, `reduce-overhead`, `max-autotune`).
@@ -258,5 +260,6 @@ class LanguageModel(L.LightningModule):
             self.optimizer_factory,
             self.scheduler_factory,
             self.trainer.model.parameters(),
+            self.trainer,
             interval=self.hparams.scheduler_interval,
         )
