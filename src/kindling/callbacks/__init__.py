@@ -4,6 +4,7 @@ from kindling.callbacks.config_in_checkpoint import ConfigInCheckpoint
 from kindling.callbacks.device_report import DeviceReport
 from kindling.callbacks.divergence import DivergenceError, StopOnDivergence
 from kindling.callbacks.interrupt import CheckpointOnInterrupt
+from kindling.callbacks.optuna_pruning import OptunaPruning
 from kindling.callbacks.plots import RunPlots
 from kindling.callbacks.resume import RestoreRandomState
 
@@ -12,6 +13,7 @@ __all__ = [
     "ConfigInCheckpoint",
     "DeviceReport",
     "DivergenceError",
+    "OptunaPruning",
     "RestoreRandomState",
     "RunPlots",
     "StopOnDivergence",
