@@ -44,6 +44,8 @@ def child_rank_command(local_rank: int) -> tuple[Sequence[str], str]:
     # The overrides of this job alone: under -m, `model=cnn,lstm` became `model=cnn` for job 0.
     command += list(hydra_cfg.overrides.task)
     command += [
+        # A single run, even where a config sets `hydra.mode: MULTIRUN` (hparams_search).
+        "hydra.mode=RUN",
         # Quoted: the override grammar would read a comma in a path as a sweep.
         f'hydra.run.dir="{hydra_cfg.runtime.output_dir}"',
         # Rank 0 writes .hydra/ and train.log; the other ranks print to the console only.
