@@ -7,6 +7,7 @@ kindling.callbacks.OptunaPruning finds its trial.
 """
 
 import logging
+import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -86,7 +87,11 @@ class OptunaSweep:
             self.storage,
         )  # fmt: skip
 
+        self.space_exhausted = False
         while (to_go := self.n_trials - studies.counted_trials(study)) > 0:
+            if self.space_exhausted:
+                log.info("The sampler has drawn every point of the search space: stopping.")
+                break
             trials = [study.ask(distributions) for _ in range(min(self.n_jobs, to_go))]
             for trial in trials:
                 studies.claim(trial)
@@ -116,12 +121,12 @@ class OptunaSweep:
         if job.status == JobStatus.FAILED and isinstance(job._return_value, optuna.TrialPruned):
             pruned_at = str(job._return_value)
         if pruned_at is not None:
-            study.tell(trial, state=TrialState.PRUNED)
+            self._tell(study, trial, TrialState.PRUNED)
             log.info("Trial %d pruned at validation %s", trial.number, pruned_at)
         elif job.status == JobStatus.FAILED:
             error = f"{type(job._return_value).__name__}: {job._return_value}"
             studies.set_user_attr(storage, study, trial.number, studies.ERROR, error)
-            study.tell(trial, state=TrialState.FAIL)
+            self._tell(study, trial, TrialState.FAIL)
             log.warning("Trial %d failed: %s", trial.number, error)
         else:
             try:
@@ -131,15 +136,31 @@ class OptunaSweep:
             if value is None:
                 error = f"the run returned {job.return_value!r}, not a value of {metric}"
                 studies.set_user_attr(storage, study, trial.number, studies.ERROR, error)
-                study.tell(trial, state=TrialState.FAIL)
+                self._tell(study, trial, TrialState.FAIL)
                 log.warning("Trial %d failed: %s", trial.number, error)
             else:
-                # A NaN is recorded as failed by Optuna itself.
-                study.tell(trial, value)
+                # state=None: Optuna records a NaN as failed, anything else as complete.
+                self._tell(study, trial, None, value)
                 log.info("Trial %d: %s=%s", trial.number, metric, value)
         if run_dir is not None:
             frozen = study.get_trials(deepcopy=False)[trial.number]
             studies.write_yaml(Path(run_dir) / "trial.yaml", studies.trial_summary(frozen))
+
+    def _tell(
+        self,
+        study: optuna.Study,
+        trial: optuna.Trial,
+        state: TrialState | None,
+        value: float | None = None,
+    ) -> None:
+        try:
+            study.tell(trial, value, state=state)
+        except RuntimeError as error:
+            # Samplers that draw each point once (grid, brute force) stop the study at the end
+            # of the space; outside Study.optimize that is an error, raised once the trial is told.
+            if "Study.stop" not in str(error):
+                raise
+            self.space_exhausted = True
 
     def _report_best(self, study: optuna.Study, fixed: Sequence[str]) -> None:
         """Print the best trial and write it to best_trial.yaml (sweep and study folders)."""
@@ -150,7 +171,7 @@ class OptunaSweep:
         # Retrain it: the sweep's own overrides, without the search, and the best parameters.
         kept = [o for o in fixed if not o.startswith(("hparams_search=", "hydra/sweeper="))]
         params = [f"{name}={value}" for name, value in best["params"].items()]
-        best["train_command"] = " ".join(["python train.py", *kept, *params])
+        best["train_command"] = shlex.join(["python", "train.py", *kept, *params])
         best["study_name"] = study.study_name
         best["storage"] = str(self.storage)
         for folder in (Path(self.config.hydra.sweep.dir), self.study_dir):
