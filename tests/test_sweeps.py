@@ -11,11 +11,15 @@ import optuna
 import pytest
 import torch
 import yaml
+from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.plugins import Plugins
+from hydra.plugins.sweeper import Sweeper
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState
 from torch.utils.data import DataLoader
 
+from hydra_plugins.kindling_optuna_sweeper.optuna_sweeper import OptunaSweeper
 from kindling.callbacks import OptunaPruning
 from kindling.sweeps.search_space import parse_search_space
 from kindling.sweeps.study import open_storage
@@ -55,6 +59,17 @@ def test_search_space_from_hydra_sweep_syntax() -> None:
     # Each sampled value, written back as an override, means the same to Hydra.
     (override,) = OverridesParser.create().parse_overrides(["channels=[16,32]"])
     assert override.value() == [16, 32]
+
+
+def test_hydra_finds_the_sweeper_and_the_search_composes(compose_config) -> None:
+    found = {f"{s.__module__}.{s.__name__}" for s in Plugins.instance().discover(Sweeper)}
+    assert f"{OptunaSweeper.__module__}.OptunaSweeper" in found
+    cfg = compose_config("hparams_search=optuna", "hparams_search/pruner=hyperband")
+    assert cfg.callbacks.optuna_pruning.pruner._target_ == "optuna.pruners.HyperbandPruner"
+    sweeper = HydraConfig.get().sweeper
+    assert sweeper._target_.endswith("kindling_optuna_sweeper.optuna_sweeper.OptunaSweeper")
+    assert sweeper.sampler._target_ == "optuna.samplers.TPESampler"
+    assert sweeper.storage == f"{sweeper.study_dir}/journal.log"
 
 
 class ScriptedAccuracy(L.LightningModule):
