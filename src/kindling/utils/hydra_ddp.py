@@ -52,6 +52,8 @@ def child_rank_command(local_rank: int) -> tuple[Sequence[str], str]:
         "hydra.output_subdir=null",
         "hydra/job_logging=stdout",
     ]
+    # Config folders added with hydra.searchpath: the rank composes the same config as rank 0.
+    command += [o for o in hydra_cfg.overrides.hydra if o.startswith("hydra.searchpath=")]
     return command, get_original_cwd()
 
 
