@@ -5,6 +5,7 @@ from kindling.callbacks.continue_metrics import ContinueMetrics
 from kindling.callbacks.device_report import DeviceReport
 from kindling.callbacks.divergence import DivergenceError, StopOnDivergence
 from kindling.callbacks.interrupt import CheckpointOnInterrupt
+from kindling.callbacks.optuna_pruning import OptunaPruning
 from kindling.callbacks.plots import RunPlots
 from kindling.callbacks.resume import RestoreRandomState
 
@@ -14,6 +15,7 @@ __all__ = [
     "ContinueMetrics",
     "DeviceReport",
     "DivergenceError",
+    "OptunaPruning",
     "RestoreRandomState",
     "RunPlots",
     "StopOnDivergence",

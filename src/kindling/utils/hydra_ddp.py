@@ -38,12 +38,16 @@ def child_rank_command(local_rank: int) -> tuple[Sequence[str], str]:
     # The overrides of this job alone: under -m, `model=cnn,lstm` became `model=cnn` for job 0.
     command += list(hydra_cfg.overrides.task)
     command += [
+        # A single run, even where a config sets `hydra.mode: MULTIRUN` (hparams_search).
+        "hydra.mode=RUN",
         # Quoted: the override grammar would read a comma in a path as a sweep.
         f'hydra.run.dir="{hydra_cfg.runtime.output_dir}"',
         # Rank 0 writes .hydra/ and train.log; the other ranks print to the console only.
         "hydra.output_subdir=null",
         "hydra/job_logging=stdout",
     ]
+    # Config folders added with hydra.searchpath: the rank composes the same config as rank 0.
+    command += [o for o in hydra_cfg.overrides.hydra if o.startswith("hydra.searchpath=")]
     return command, get_original_cwd()
 
 
