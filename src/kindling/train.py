@@ -12,7 +12,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from lightning.pytorch.callbacks import LearningRateMonitor
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
@@ -55,7 +55,8 @@ def run(cfg: DictConfig) -> float | None:
     except Exception as error:
         user_error = find_user_error(error)
         if user_error is not None and not _in_multirun():
-            log.error("%s", user_error)
+            if rank_zero_only.rank == 0 or not user_error.raised_on_every_rank:
+                log.error("%s", user_error)
             sys.exit(1)
         raise
 
