@@ -1,12 +1,16 @@
 """No rank hangs, interrupts stop at a step boundary, third-party internals are checked."""
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+import torch
+
+from kindling.callbacks import CheckpointOnInterrupt
 
 from conftest import ROOT
 
@@ -63,3 +67,89 @@ def test_a_nan_on_one_rank_stops_every_rank_with_the_divergence_message(tmp_path
     assert result.returncode == 1, output[-4000:]
     # The third step's loss, NaN on rank 1 only, stopped both ranks at that step; printed once.
     assert output.count("NaN or inf at step 3 on at least one of 2 processes") == 1, output[-4000:]
+
+
+# An optimizer whose k-th step is hit by Ctrl-C after the weights changed, before Lightning
+# counts the step: where a real Ctrl-C can land.
+CTRL_C_IN_OPTIMIZER_STEP = """
+import os
+import signal
+
+import torch
+
+
+class AdamWInterrupted(torch.optim.AdamW):
+    def __init__(self, params, interrupt_at_step: int, **kwargs):
+        super().__init__(params, **kwargs)
+        self.interrupt_at_step, self.steps = interrupt_at_step, 0
+
+    def step(self, closure=None):
+        loss = super().step(closure)
+        self.steps += 1
+        if self.steps == self.interrupt_at_step:
+            os.kill(os.getpid(), signal.SIGINT)
+        return loss
+"""
+
+REPRODUCIBLE = [
+    "trainer=cpu", "trainer.deterministic=true", "seed=7", "test=false", "debug=limit",
+    "logger=none", "callbacks.plots=null", "callbacks.device_report=null", *QUIET,
+]  # fmt: skip
+
+
+def start_train_py(module_dir: Path, *args: str, cwd: Path) -> subprocess.Popen:
+    """`python train.py <args>` with `module_dir` importable and Ctrl-C as in a terminal."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(module_dir), env.get("PYTHONPATH")]))
+    # A shell starts background jobs (CI) with SIGINT ignored; a terminal's run has it.
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "train.py"), *args],
+        cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_ctrl_c_inside_an_optimizer_step_saves_the_whole_step(tmp_path: Path) -> None:
+    (tmp_path / "ctrl_c_in_step.py").write_text(textwrap.dedent(CTRL_C_IN_OPTIMIZER_STEP))
+    interrupted = start_train_py(
+        tmp_path, *REPRODUCIBLE, "hydra.run.dir=interrupted",
+        "model.optimizer._target_=ctrl_c_in_step.AdamWInterrupted",
+        "+model.optimizer.interrupt_at_step=3",
+        cwd=tmp_path,
+    )  # fmt: skip
+    # The same run stopped after 3 steps (before any validation: no metric to return).
+    straight = start_train_py(
+        tmp_path, *REPRODUCIBLE, "hydra.run.dir=straight", "+trainer.max_steps=3",
+        "optimized_metric=null",
+        cwd=tmp_path,
+    )  # fmt: skip
+    output, _ = interrupted.communicate(timeout=300)
+    assert interrupted.returncode == 128 + signal.SIGINT, output[-3000:]
+    assert "Resume with: python train.py ckpt_path=" in output
+    straight_output, _ = straight.communicate(timeout=300)
+    assert straight.returncode == 0, straight_output[-3000:]
+    saved, expected = (
+        torch.load(tmp_path / run / "checkpoints" / "last.ckpt", weights_only=True)
+        for run in ("interrupted", "straight")
+    )
+    assert saved["global_step"] == expected["global_step"] == 3
+    for key, tensor in expected["state_dict"].items():
+        torch.testing.assert_close(saved["state_dict"][key], tensor, rtol=0, atol=0, msg=key)
+
+
+def test_first_ctrl_c_waits_for_the_step_end_and_a_second_stops_at_once() -> None:
+    """The first Ctrl-C becomes Lightning's SIGTERM request; the second raises at once."""
+    sigterms: list[int] = []
+    before = signal.signal(signal.SIGTERM, lambda signum, frame: sigterms.append(signum))
+    before_ctrl_c = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        callback = CheckpointOnInterrupt()
+        callback.on_train_start(None, None)
+        os.kill(os.getpid(), signal.SIGINT)
+        assert sigterms == [signal.SIGTERM] and callback.stopped_by == signal.SIGINT
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+        signal.signal(signal.SIGINT, before_ctrl_c)

@@ -49,9 +49,10 @@ def run(cfg: DictConfig) -> float | None:
     try:
         with hydra_ddp.job_environment(), _trackers_closed():
             return train_and_test(cfg)
-    except SIGTERMException:
-        # Lightning stopped at the end of a step; CheckpointOnInterrupt said where it saved.
-        sys.exit(128 + signal.SIGTERM)
+    except SIGTERMException as stop:
+        # Lightning stopped at the end of a step; CheckpointOnInterrupt said where it saved
+        # and set the status: 128 + the signal (SIGTERM, or Ctrl-C during training).
+        sys.exit(128 + signal.SIGTERM if stop.code is None else stop.code)
     except Exception as error:
         user_error = find_user_error(error)
         if user_error is not None and not _in_multirun():
