@@ -153,3 +153,107 @@ def test_first_ctrl_c_waits_for_the_step_end_and_a_second_stops_at_once() -> Non
     finally:
         signal.signal(signal.SIGTERM, before)
         signal.signal(signal.SIGINT, before_ctrl_c)
+
+
+def break_hydra_launcher(monkeypatch) -> None:
+    from lightning.pytorch.strategies.launchers import subprocess_script
+
+    monkeypatch.delattr(subprocess_script, "_hydra_subprocess_cmd")
+
+
+def change_hydra_command_signature(monkeypatch) -> None:
+    from lightning.fabric.strategies.launchers import subprocess_script
+
+    monkeypatch.setattr(subprocess_script, "_hydra_subprocess_cmd", lambda rank: ([], "."))
+
+
+def stop_launcher_calling_the_command(monkeypatch) -> None:
+    from lightning.pytorch.strategies.launchers import subprocess_script
+
+    launcher = subprocess_script._SubprocessScriptLauncher
+    monkeypatch.setattr(launcher, "_call_children_scripts", lambda self: None)
+
+
+def break_throughput_meters(monkeypatch) -> None:
+    from lightning.pytorch.callbacks import ThroughputMonitor
+
+    monkeypatch.setattr(ThroughputMonitor, "setup", lambda self, trainer, module, stage: None)
+
+
+def break_sampler_epoch(monkeypatch) -> None:
+    from lightning.fabric.utilities import data
+
+    monkeypatch.delattr(data, "_set_sampler_epoch")
+
+
+BROKEN_INTERNALS = {
+    "hydra command gone": (break_hydra_launcher, "_hydra_subprocess_cmd(local_rank)"),
+    "hydra command signature": (change_hydra_command_signature, "_hydra_subprocess_cmd"),
+    "launcher stops calling it": (stop_launcher_calling_the_command, "_call_children_scripts"),
+    "throughput meters": (break_throughput_meters, "ThroughputMonitor._throughputs"),
+    "sampler epoch": (break_sampler_epoch, "_set_sampler_epoch"),
+}
+
+
+@pytest.mark.parametrize("case", BROKEN_INTERNALS)
+def test_a_patch_whose_lightning_target_changed_stops_with_the_version(monkeypatch, case) -> None:
+    import lightning
+
+    from kindling.utils import lightning_patches
+
+    breaks, names = BROKEN_INTERNALS[case]
+    lightning_patches.check_all()  # the installed Lightning passes
+    breaks(monkeypatch)
+    checks = (
+        lightning_patches.check_hydra_launchers,
+        lightning_patches.check_throughput_monitor,
+        lightning_patches.check_sampler_epoch,
+    )
+    for check in checks:
+        check.cache_clear()
+    try:
+        with pytest.raises(lightning_patches.LightningInternalsChanged) as error:
+            lightning_patches.check_all()
+    finally:
+        for check in checks:
+            check.cache_clear()  # checked again, unbroken, by the next caller
+    message = str(error.value)
+    assert names in message and f"lightning {lightning.__version__}" in message
+    assert lightning_patches.SUPPORTED in message
+
+
+def test_flops_are_counted_without_copying_a_weight_on_its_device(monkeypatch) -> None:
+    from lightning.fabric.utilities.throughput import measure_flops
+    from torch import nn
+
+    from kindling.callbacks.throughput import count_flops
+    from kindling.models import CNNClassifier
+    from kindling.modules import Classifier
+
+    module = Classifier(CNNClassifier((1, 8, 8), 10, channels=[4, 8]), 10, optimizer=None)
+    weights = {id(t) for t in (*module.parameters(), *module.buffers())}
+    copied: list[str] = []
+    for cls in (torch.Tensor, nn.Parameter):
+        deepcopy = cls.__deepcopy__
+
+        def recording(self, memo, deepcopy=deepcopy):
+            if id(self) in weights:
+                copied.append(str(self.device))
+            return deepcopy(self, memo)
+
+        monkeypatch.setattr(cls, "__deepcopy__", recording)
+    flops = count_flops(module, (torch.zeros(16, 1, 8, 8), torch.zeros(16)))
+    monkeypatch.undo()
+    assert copied == []
+    # The same count as a module built on the meta device in the first place.
+    with torch.device("meta"):
+        reference = Classifier(CNNClassifier((1, 8, 8), 10, channels=[4, 8]), 10, optimizer=None)
+        images = torch.zeros(16, 1, 8, 8)
+    expected = measure_flops(reference, lambda: reference(images), loss_fn=torch.Tensor.sum)
+    assert flops == expected > 0
+
+
+def test_pyproject_bounds_lightning_to_the_checked_versions() -> None:
+    from kindling.utils import lightning_patches
+
+    assert f'"{lightning_patches.SUPPORTED}"' in (ROOT / "pyproject.toml").read_text()

@@ -18,7 +18,15 @@ from omegaconf import DictConfig, OmegaConf
 
 from kindling.callbacks import CheckpointOnInterrupt, ConfigInCheckpoint, RestoreRandomState
 from kindling.data.batched import per_device_batch_size
-from kindling.utils import UserError, build, checks, hydra_ddp, instantiate_group, resume
+from kindling.utils import (
+    UserError,
+    build,
+    checks,
+    hydra_ddp,
+    instantiate_group,
+    lightning_patches,
+    resume,
+)
 from kindling.utils.config_tree import print_config_tree
 from kindling.utils.cuda import use_plain_cuda_check_without_gpu
 from kindling.utils.errors import find_user_error
@@ -44,9 +52,11 @@ def run(cfg: DictConfig) -> float | None:
     """
     ignore_unhelpful_warnings()
     use_plain_cuda_check_without_gpu()
-    # Multi-device jobs start their extra ranks as single runs of this job, in its folder.
-    hydra_ddp.install()
     try:
+        # The private parts of Lightning that kindling patches are there (or the run stops).
+        lightning_patches.check_all()
+        # Multi-device jobs start their extra ranks as single runs of this job, in its folder.
+        hydra_ddp.install()
         with hydra_ddp.job_environment(), _trackers_closed():
             return train_and_test(cfg)
     except SIGTERMException as stop:

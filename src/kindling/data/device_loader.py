@@ -4,6 +4,8 @@ from collections.abc import Iterator
 
 import torch
 
+from kindling.utils import lightning_patches
+
 
 class DeviceTensorLoader:
     """Shuffle and slice tensors where they are (on the GPU, after one copy of the whole set).
@@ -36,6 +38,7 @@ class DeviceTensorLoader:
         self.epoch = 0
         # Lightning calls `loader.sampler.set_epoch(epoch)` at the start of every epoch, as it
         # does for a DistributedSampler: a resumed run shuffles like an uninterrupted one.
+        lightning_patches.check_sampler_epoch()
         self.sampler = self
         self.batch_sampler = None  # read by Lightning's checks, as on a DataLoader
         self.num_samples = len(tensors[0]) // world_size  # per rank

@@ -23,8 +23,8 @@ from pathlib import Path
 import torch.distributed
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import get_original_cwd, to_absolute_path
-from lightning.fabric.strategies.launchers import subprocess_script as fabric_launcher
-from lightning.pytorch.strategies.launchers import subprocess_script as pytorch_launcher
+
+from kindling.utils import lightning_patches
 
 STAMP_FORMAT = "%Y-%m-%d_%H-%M-%S"
 
@@ -54,9 +54,8 @@ def child_rank_command(local_rank: int) -> tuple[Sequence[str], str]:
 
 
 def install() -> None:
-    """Use `child_rank_command` in Lightning's launchers (Trainer and Fabric)."""
-    pytorch_launcher._hydra_subprocess_cmd = child_rank_command
-    fabric_launcher._hydra_subprocess_cmd = child_rank_command
+    """Use `child_rank_command` in Lightning's launchers (Trainer and Fabric), checked first."""
+    lightning_patches.install_hydra_rank_command(child_rank_command)
 
 
 @contextmanager
