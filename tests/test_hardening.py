@@ -257,3 +257,24 @@ def test_pyproject_bounds_lightning_to_the_checked_versions() -> None:
     from kindling.utils import lightning_patches
 
     assert f'"{lightning_patches.SUPPORTED}"' in (ROOT / "pyproject.toml").read_text()
+
+
+def first_training_labels(compose_config, seed: int, on_device: bool) -> torch.Tensor:
+    """The labels of the first training batch, served as a run with `seed` serves them."""
+    import lightning as L
+    from hydra.utils import instantiate
+
+    cfg = compose_config(f"seed={seed}", f"data.on_device={on_device}")
+    datamodule = instantiate(cfg.data)
+    datamodule.trainer = L.Trainer(accelerator="cpu", devices=1, logger=False)
+    L.seed_everything(cfg.seed)  # what kindling.train.run does first
+    datamodule.setup("fit")
+    _, labels = next(iter(datamodule.train_dataloader()))
+    return labels
+
+
+@pytest.mark.parametrize("on_device", [False, True])
+def test_the_runs_seed_orders_the_training_batches(compose_config, on_device: bool) -> None:
+    first = first_training_labels(compose_config, 1, on_device)
+    assert torch.equal(first, first_training_labels(compose_config, 1, on_device))
+    assert not torch.equal(first, first_training_labels(compose_config, 2, on_device))

@@ -2,6 +2,7 @@
 
 import lightning as L
 from lightning.pytorch.accelerators import CUDAAccelerator
+from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader, Dataset
 
 from kindling.utils.errors import UserError
@@ -43,10 +44,22 @@ class BatchedDataModule(L.LightningDataModule):
             raise RuntimeError("call setup() before asking for a data loader")
         on_cuda = self.trainer is not None and isinstance(self.trainer.accelerator, CUDAAccelerator)
         workers = self.hparams.num_workers
+        sampler = None
+        if not shuffle and self.trainer is not None and self.trainer.world_size > 1:
+            # Evaluation sees every sample exactly once; the ranks' batch counts may differ by
+            # one, which is safe: no evaluation step waits for the other ranks. (Lightning's own
+            # DistributedSampler, which it keeps out when given this one, repeats samples.)
+            sampler = UnrepeatedDistributedSampler(
+                dataset,
+                num_replicas=self.trainer.world_size,
+                rank=self.trainer.global_rank,
+                shuffle=False,
+            )
         return DataLoader(
             dataset,
             batch_size=self.batch_size_per_device,
             shuffle=shuffle,
+            sampler=sampler,
             num_workers=workers,
             pin_memory=self.hparams.pin_memory and on_cuda,
             persistent_workers=self.hparams.persistent_workers and workers > 0,
