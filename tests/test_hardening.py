@@ -278,3 +278,25 @@ def test_the_runs_seed_orders_the_training_batches(compose_config, on_device: bo
     first = first_training_labels(compose_config, 1, on_device)
     assert torch.equal(first, first_training_labels(compose_config, 1, on_device))
     assert not torch.equal(first, first_training_labels(compose_config, 2, on_device))
+
+
+@pytest.mark.parametrize("on_device", [False, True])
+def test_evaluation_shards_hold_every_sample_once(compose_config, on_device: bool) -> None:
+    """Each rank's test loader, as 2 processes build them: 359 images, 32 per batch and rank."""
+    from types import SimpleNamespace
+
+    from hydra.utils import instantiate
+    from lightning.pytorch.strategies import SingleDeviceStrategy
+
+    served = []
+    for rank in (0, 1):
+        datamodule = instantiate(compose_config(f"data.on_device={on_device}").data)
+        datamodule.trainer = SimpleNamespace(
+            world_size=2, global_rank=rank, accelerator=None,
+            strategy=SingleDeviceStrategy(torch.device("cpu")),
+        )  # fmt: skip
+        datamodule.setup("test")
+        # Which images: the test split's labels, replaced by their positions.
+        datamodule.data_test.tensors = (torch.arange(359), torch.arange(359))
+        served += [labels for _, labels in datamodule.test_dataloader()]
+    assert torch.equal(torch.cat(served).sort().values, torch.arange(359))

@@ -46,7 +46,7 @@ class DeviceTensorLoader:
         self.batch_sampler = None  # read by Lightning's checks, as on a DataLoader
         self.even_shards = even_shards
         size = len(tensors[0])
-        # Per rank.
+        # Samples per rank.
         self.num_samples = size // world_size if even_shards else len(range(rank, size, world_size))
 
     def set_epoch(self, epoch: int) -> None:
