@@ -12,7 +12,7 @@
 A Lightning release that renames any of these would make the patch do nothing, silently: every
 DDP rank would start the whole sweep again, MFU would be missing, each epoch would shuffle the
 same way. So each check stops the run with one message naming the Lightning version instead.
-`pyproject.toml` bounds Lightning to the versions these checks and the tests were run with.
+`pyproject.toml` bounds Lightning to the minor version the tests were run with (2.6.6).
 """
 
 import functools
@@ -30,7 +30,7 @@ from lightning.pytorch.strategies.launchers import subprocess_script as pytorch_
 
 from kindling.utils.errors import UserError
 
-# The versions the tests ran with; keep in step with `lightning` in pyproject.toml.
+# The minor version the tests ran with; keep in step with `lightning` in pyproject.toml.
 SUPPORTED = "lightning>=2.6,<2.7"
 
 RankCommand = Callable[[int], tuple[Sequence[str], str]]
