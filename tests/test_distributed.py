@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -61,24 +62,28 @@ def test_torchrun_uses_one_run_folder(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_two_processes_report_the_same_accuracy_as_one(compose_config, tmp_path: Path) -> None:
-    """Metrics are reduced across ranks: testing one checkpoint on 1 or 2 processes agrees."""
-    # Briefly trained (in-process: the processes under test are the two below): many mistakes,
-    # so one rank's share of them would stand out from the whole set's.
-    run(compose_config("trainer=cpu", "debug=limit", *QUIET))
+def test_two_processes_test_every_sample_once_and_report_what_one_does(
+    compose_config, tmp_path: Path
+) -> None:
+    """The 359 test images split unevenly over 2 processes of 32: none is left out or repeated."""
+    run(compose_config("trainer=cpu", "debug=limit", "trainer.max_epochs=1", *QUIET))
     checkpoint = tmp_path / "run" / "checkpoints" / "last.ckpt"
     results = {}
-    for devices in (1, 2):
+    for devices, on_device in [(1, False), (2, False), (2, True)]:
+        folder = f"test{devices}{'_on_device' * on_device}"
         train_py(
             "train=false", f"ckpt_path={checkpoint}", "trainer.accelerator=cpu",
-            f"trainer.devices={devices}", *QUIET, f"hydra.run.dir=test{devices}",
+            f"trainer.devices={devices}", f"data.on_device={on_device}", *QUIET,
+            f"hydra.run.dir={folder}",
             cwd=tmp_path,
         )  # fmt: skip
-        metrics = (tmp_path / f"test{devices}" / "csv" / "metrics.csv").read_text().splitlines()
+        metrics = (tmp_path / folder / "csv" / "metrics.csv").read_text().splitlines()
         header, values = metrics[0].split(","), metrics[-1].split(",")
-        results[devices] = float(values[header.index("test/acc")])
-    # The 359 test images do not split evenly: the sampler repeats one image on 2 processes.
-    assert results[2] == pytest.approx(results[1], abs=1.5 / 359)
+        counts = np.loadtxt(tmp_path / folder / "confusion_matrix.csv", delimiter=",")
+        results[folder] = float(values[header.index("test/acc")]), int(counts.sum())
+    assert results["test1"][1] == 359
+    assert results["test2"] == results["test1"]
+    assert results["test2_on_device"] == results["test1"]
 
 
 def test_job_environment_restores_what_the_launcher_set(monkeypatch) -> None:

@@ -140,7 +140,7 @@ def start_train_py(*args: str, cwd: Path) -> subprocess.Popen:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 1)])
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_interrupted_run_saves_a_checkpoint_and_resumes(tmp_path: Path, sig, code) -> None:
     args = ["trainer=cpu", "trainer.max_epochs=200", "callbacks.early_stopping=null", *QUIET]
     process = start_train_py(*args, "hydra.run.dir=run", cwd=tmp_path)

@@ -36,6 +36,7 @@ from kindling.utils import (
     checks,
     hydra_ddp,
     instantiate_group,
+    lightning_patches,
     provenance,
     resume,
     run_folder,
@@ -68,19 +69,22 @@ def run(cfg: DictConfig) -> float | None:
     """
     ignore_unhelpful_warnings()
     use_plain_cuda_check_without_gpu()
-    # Multi-device jobs start their extra ranks as single runs of this job, in its folder.
-    hydra_ddp.install()
     try:
+        # The private parts of Lightning that kindling patches are there (or the run stops).
+        lightning_patches.check_all()
+        # Multi-device jobs start their extra ranks as single runs of this job, in its folder.
+        hydra_ddp.install()
         with hydra_ddp.job_environment(), _trackers_closed():
             return train_and_test(cfg)
-    except SIGTERMException:
-        # Lightning stopped at the end of a step; CheckpointOnInterrupt said where it saved.
-        sys.exit(128 + signal.SIGTERM)
+    except SIGTERMException as stop:
+        # Lightning stopped at the end of a step; CheckpointOnInterrupt said where it saved
+        # and set the status: 128 + the signal (SIGTERM, or Ctrl-C during training).
+        sys.exit(128 + signal.SIGTERM if stop.code is None else stop.code)
     except Exception as error:
         user_error = find_user_error(error)
         if user_error is None or os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
-        if rank_zero_only.rank == 0:
+        if rank_zero_only.rank == 0 or not user_error.raised_on_every_rank:
             log.error("%s", user_error)
         if _in_multirun():
             raise

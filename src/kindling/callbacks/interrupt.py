@@ -1,6 +1,10 @@
 """Save a resumable checkpoint when a run is stopped by SIGTERM (clusters) or Ctrl-C."""
 
+import os
+import signal
+import threading
 from pathlib import Path
+from types import FrameType
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback
@@ -10,22 +14,56 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 
 class CheckpointOnInterrupt(Callback):
-    """On SIGTERM or Ctrl-C during fit, write `last.ckpt` next to the other checkpoints.
+    """On SIGTERM or Ctrl-C during fit, write `last.ckpt` at the end of the current step.
 
-    Lightning stops at the end of the current step on SIGTERM (and between steps on Ctrl-C)
-    and calls `on_exception`; the checkpoint holds the loop state, so `ckpt_path=<it>` resumes
-    mid-epoch. `saved_path` tells the caller where it went.
+    Lightning stops at the end of the current step on SIGTERM (all ranks together) and calls
+    `on_exception`. While training runs, Ctrl-C is handled the same way: the first one is passed
+    on as SIGTERM, so it never lands inside `optimizer.step` and the checkpoint never holds half a
+    step; a second Ctrl-C stops at once, without a checkpoint. The checkpoint holds the loop
+    state, so `ckpt_path=<it>` resumes mid-epoch. The run exits with 128 + the signal's number
+    (130 for Ctrl-C, 143 for SIGTERM); `saved_path` tells the caller where the checkpoint went.
     """
 
     def __init__(self, filename: str = "last.ckpt"):
         self.filename = filename
         self.saved_path: Path | None = None
+        self.stopped_by: signal.Signals | None = None
+        self._ctrl_c_before: signal.Handlers | None = None
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Lightning's SIGTERM handler is in place by now (and only on platforms that have one).
+        # A Ctrl-C that was ignored (a background job) stays ignored.
+        lightning_handles_sigterm = signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None)
+        ctrl_c_ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+        main_thread = threading.current_thread() is threading.main_thread()
+        if lightning_handles_sigterm and not ctrl_c_ignored and main_thread:
+            self.stopped_by = None
+            self._ctrl_c_before = signal.signal(signal.SIGINT, self._stop_at_step_end)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._restore_ctrl_c()
+
+    def _stop_at_step_end(self, signum: int, frame: FrameType | None) -> None:
+        self._restore_ctrl_c()  # a second Ctrl-C raises KeyboardInterrupt at once
+        self.stopped_by = signal.SIGINT
+        rank_zero_info("Ctrl-C: stopping at the end of this step (Ctrl-C again stops at once).")
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def _restore_ctrl_c(self) -> None:
+        if self._ctrl_c_before is not None:
+            signal.signal(signal.SIGINT, self._ctrl_c_before)
+            self._ctrl_c_before = None
 
     def on_exception(
         self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
     ) -> None:
-        if not isinstance(exception, SIGTERMException | KeyboardInterrupt):
+        self._restore_ctrl_c()
+        # A KeyboardInterrupt here is a second Ctrl-C, or one outside training: it may have
+        # landed anywhere, in the middle of an optimizer step too, so nothing is saved.
+        if not isinstance(exception, SIGTERMException):
             return
+        # The exit status `kindling.train.run` gives the run: 130 for Ctrl-C, 143 for SIGTERM.
+        exception.code = 128 + (self.stopped_by or signal.SIGTERM)
         # Also during the validation inside fit: Lightning stops there too on SIGTERM.
         if trainer.state.fn != TrainerFn.FITTING:
             return

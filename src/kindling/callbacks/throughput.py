@@ -1,6 +1,7 @@
 """Samples per second and model FLOPs utilisation (MFU), on Lightning's ThroughputMonitor."""
 
 import copy
+import itertools
 from typing import Any
 
 import lightning as L
@@ -8,6 +9,9 @@ import torch
 from lightning.fabric.utilities.throughput import measure_flops
 from lightning.pytorch.callbacks import ThroughputMonitor
 from lightning.pytorch.utilities import rank_zero_info
+from torch import nn
+
+from kindling.utils import lightning_patches
 
 
 def batch_length(batch: Any) -> int:
@@ -36,9 +40,7 @@ class ThroughputWithMFU(ThroughputMonitor):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
         if self.peak_flops:
-            self.available_flops = int(self.peak_flops)
-            for throughput in self._throughputs.values():
-                throughput.available_flops = self.available_flops
+            lightning_patches.set_available_flops(self, int(self.peak_flops))
         if self.available_flops is None:
             rank_zero_info("Peak FLOPs of this device unknown: MFU is not logged (set peak_flops).")
 
@@ -53,7 +55,21 @@ class ThroughputWithMFU(ThroughputMonitor):
 def count_flops(pl_module: L.LightningModule, batch: Any) -> int:
     """Forward + backward FLOPs of `pl_module` on a batch shaped like `batch` (meta tensors)."""
     inputs = batch[0] if isinstance(batch, list | tuple) else batch
-    with torch.device("meta"):
-        model = copy.deepcopy(pl_module).to("meta")  # shapes only: no memory, no compute
-        meta_inputs = torch.empty(inputs.shape, dtype=inputs.dtype)
+    model = meta_copy(pl_module)  # shapes only: no memory, no compute
+    meta_inputs = torch.empty(inputs.shape, dtype=inputs.dtype, device="meta")
     return measure_flops(model, lambda: model(meta_inputs), loss_fn=torch.Tensor.sum)
+
+
+def meta_copy(module: nn.Module) -> nn.Module:
+    """A copy of `module` whose parameters and buffers are on the meta device.
+
+    The copy is made with meta tensors standing in for the weights from the start, so no
+    weight is ever copied on the module's own device (a GPU may have no room for a second copy).
+    """
+    memo: dict[int, Any] = {}
+    for tensor in itertools.chain(module.parameters(), module.buffers()):
+        meta = torch.empty_like(tensor.detach(), device="meta")
+        if isinstance(tensor, nn.Parameter):
+            meta = nn.Parameter(meta, requires_grad=tensor.requires_grad)
+        memo[id(tensor)] = meta
+    return copy.deepcopy(module, memo)

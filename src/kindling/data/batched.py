@@ -2,6 +2,7 @@
 
 import lightning as L
 from lightning.pytorch.accelerators import CUDAAccelerator
+from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from kindling.utils.errors import UserError
@@ -45,6 +46,17 @@ class BatchedDataModule(L.LightningDataModule):
             raise RuntimeError("call setup() before asking for a data loader")
         on_cuda = self.trainer is not None and isinstance(self.trainer.accelerator, CUDAAccelerator)
         workers = self.hparams.num_workers
+        distributed = self.trainer is not None and self.trainer.world_size > 1
+        if sampler is None and not shuffle and distributed:
+            # Evaluation sees every sample exactly once; the ranks' batch counts may differ by
+            # one, which is safe: no evaluation step waits for the other ranks. (Lightning's own
+            # DistributedSampler, which it keeps out when given this one, repeats samples.)
+            sampler = UnrepeatedDistributedSampler(
+                dataset,
+                num_replicas=self.trainer.world_size,
+                rank=self.trainer.global_rank,
+                shuffle=False,
+            )
         return DataLoader(
             dataset,
             batch_size=self.batch_size_per_device,

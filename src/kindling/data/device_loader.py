@@ -4,6 +4,8 @@ from collections.abc import Iterator
 
 import torch
 
+from kindling.utils import lightning_patches
+
 
 class DeviceTensorLoader:
     """Shuffle and slice tensors where they are (on the GPU, after one copy of the whole set).
@@ -13,8 +15,10 @@ class DeviceTensorLoader:
     step waits for a host-to-device copy or a worker process.
 
     With several processes, every rank draws the same permutation (seeded by `seed` and the
-    epoch) and takes every `world_size`-th index from `rank` on, like `DistributedSampler`;
-    the tail that does not divide evenly is dropped so that all ranks run the same steps.
+    epoch) and takes every `world_size`-th index from `rank` on, like `DistributedSampler`.
+    With `even_shards` (training) the tail that does not divide evenly is dropped, so that all
+    ranks run the same steps; without (evaluation), every sample is served exactly once and the
+    ranks' shares differ by at most one sample.
     """
 
     def __init__(
@@ -26,6 +30,7 @@ class DeviceTensorLoader:
         rank: int = 0,
         world_size: int = 1,
         seed: int = 0,
+        even_shards: bool = True,
     ):
         self.tensors = tensors
         self.batch_size = batch_size
@@ -36,9 +41,13 @@ class DeviceTensorLoader:
         self.epoch = 0
         # Lightning calls `loader.sampler.set_epoch(epoch)` at the start of every epoch, as it
         # does for a DistributedSampler: a resumed run shuffles like an uninterrupted one.
+        lightning_patches.check_sampler_epoch()
         self.sampler = self
         self.batch_sampler = None  # read by Lightning's checks, as on a DataLoader
-        self.num_samples = len(tensors[0]) // world_size  # per rank
+        self.even_shards = even_shards
+        size = len(tensors[0])
+        # Samples per rank.
+        self.num_samples = size // world_size if even_shards else len(range(rank, size, world_size))
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -50,12 +59,14 @@ class DeviceTensorLoader:
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
         device = self.tensors[0].device
-        total = self.num_samples * self.world_size
+        size = len(self.tensors[0])
+        total = self.num_samples * self.world_size if self.even_shards else size
         if self.shuffle:
-            generator = torch.Generator(device=device).manual_seed(self.seed + self.epoch)
-            order = torch.randperm(len(self.tensors[0]), device=device, generator=generator)
+            # Not `seed + epoch`: seed 1's second epoch would be seed 2's first.
+            generator = torch.Generator(device=device).manual_seed((self.seed << 20) + self.epoch)
+            order = torch.randperm(size, device=device, generator=generator)
         else:
-            order = torch.arange(len(self.tensors[0]), device=device)
+            order = torch.arange(size, device=device)
         mine = order[:total][self.rank :: self.world_size]
         for start in range(0, len(self) * self.batch_size, self.batch_size):
             index = mine[start : start + self.batch_size]

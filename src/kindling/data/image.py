@@ -29,7 +29,11 @@ class ImageDataModule(BatchedDataModule):
         num_workers: DataLoader worker processes per device (0 loads in the main process).
         pin_memory: page-locked host batches for faster copies (used only on CUDA).
         persistent_workers: keep workers alive between epochs (when `num_workers > 0`).
-        seed: seed of the validation split, independent of the run's seed.
+        seed: seed of the validation split, independent of the run's seed (the split stays the
+            same across a seed sweep).
+        shuffle_seed: seed of the order of training batches with `on_device` (configs pass the
+            run's `seed`); None draws one, the same on every rank. The DataLoader path follows
+            the run's seed already (Lightning seeds its samplers with it).
         on_device: keep the whole data set on the training device (one copy at the start) and
             serve batches there with `DeviceTensorLoader`, instead of DataLoader workers.
     """
@@ -46,6 +50,7 @@ class ImageDataModule(BatchedDataModule):
         persistent_workers: bool = True,
         seed: int = 0,
         on_device: bool = False,
+        shuffle_seed: int | None = None,
     ):
         super().__init__()
         self.save_hyperparameters(logger=False)
@@ -113,12 +118,18 @@ class ImageDataModule(BatchedDataModule):
         if not (self.hparams.on_device and self.trainer is not None and dataset is not None):
             return super()._loader(dataset, shuffle)
         # The Trainer's strategy moves the tensors: it knows this process's device.
-        tensors = self.trainer.strategy.batch_to_device(dataset.tensors)
+        strategy = self.trainer.strategy
+        tensors = strategy.batch_to_device(dataset.tensors)
+        seed = self.hparams.shuffle_seed
+        if seed is None:  # an unseeded run: a new order, the same on every rank
+            seed = strategy.broadcast(int(torch.randint(2**31, ())))
         return DeviceTensorLoader(
             tensors,
             self.batch_size_per_device,
             shuffle=shuffle,
             rank=self.trainer.global_rank,
             world_size=self.trainer.world_size,
-            seed=self.hparams.seed,
+            seed=seed,
+            # Training keeps the ranks in step; evaluation sees every sample exactly once.
+            even_shards=shuffle,
         )

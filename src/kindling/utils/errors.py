@@ -29,6 +29,10 @@ class UserError(CompactHydraException):
     its message alone, and the whole traceback with HYDRA_FULL_ERROR=1.
     """
 
+    # Every process of a multi-device run reads the same config and data, so raises the same
+    # error: rank 0 alone prints it. An error that only some processes raise sets False.
+    raised_on_every_rank = True
+
 
 def find_user_error(error: BaseException) -> UserError | None:
     """The UserError behind `error`, also when Hydra's instantiate wrapped it in its own."""

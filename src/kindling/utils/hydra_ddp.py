@@ -19,8 +19,8 @@ from contextlib import contextmanager
 import torch.distributed
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import get_original_cwd, to_absolute_path
-from lightning.fabric.strategies.launchers import subprocess_script as fabric_launcher
-from lightning.pytorch.strategies.launchers import subprocess_script as pytorch_launcher
+
+from kindling.utils import lightning_patches
 
 # What Lightning's launcher writes into os.environ of the launching process.
 _LAUNCHER_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")
@@ -52,9 +52,8 @@ def child_rank_command(local_rank: int) -> tuple[Sequence[str], str]:
 
 
 def install() -> None:
-    """Use `child_rank_command` in Lightning's launchers (Trainer and Fabric)."""
-    pytorch_launcher._hydra_subprocess_cmd = child_rank_command
-    fabric_launcher._hydra_subprocess_cmd = child_rank_command
+    """Use `child_rank_command` in Lightning's launchers (Trainer and Fabric), checked first."""
+    lightning_patches.install_hydra_rank_command(child_rank_command)
 
 
 @contextmanager

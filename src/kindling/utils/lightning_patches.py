@@ -1,0 +1,129 @@
+"""Every place kindling relies on a private part of Lightning, each checked before it is used.
+
+- `kindling.utils.hydra_ddp.install` replaces the command that starts ranks 1..N-1 under Hydra:
+  `_hydra_subprocess_cmd(local_rank)` of the Trainer's and Fabric's subprocess launchers, which
+  they look up by name when they start the ranks.
+- `kindling.callbacks.ThroughputWithMFU` sets the peak FLOPs of a device Lightning's table does
+  not know: `ThroughputMonitor._throughputs`, the `Throughput` of each stage made in `setup`.
+- `kindling.data.device_loader.DeviceTensorLoader` has Lightning call its `set_epoch` although it
+  is not a DataLoader: `lightning.fabric.utilities.data._set_sampler_epoch`, which the fit loop
+  calls with each loader and which calls `loader.sampler.set_epoch(epoch)`.
+
+A Lightning release that renames any of these would make the patch do nothing, silently: every
+DDP rank would start the whole sweep again, MFU would be missing, each epoch would shuffle the
+same way. So each check stops the run with one message naming the Lightning version instead.
+`pyproject.toml` bounds Lightning to the minor version the tests were run with (2.6.6).
+"""
+
+import functools
+import inspect
+from collections.abc import Callable, Sequence
+from types import ModuleType
+
+import lightning
+from lightning.fabric.strategies.launchers import subprocess_script as fabric_launcher
+from lightning.fabric.utilities import data as fabric_data
+from lightning.fabric.utilities.throughput import Throughput
+from lightning.pytorch.callbacks import ThroughputMonitor
+from lightning.pytorch.loops import fit_loop
+from lightning.pytorch.strategies.launchers import subprocess_script as pytorch_launcher
+
+from kindling.utils.errors import UserError
+
+# The minor version the tests ran with; keep in step with `lightning` in pyproject.toml.
+SUPPORTED = "lightning>=2.6,<2.7"
+
+RankCommand = Callable[[int], tuple[Sequence[str], str]]
+
+
+class LightningInternalsChanged(UserError):
+    """A private part of Lightning that kindling patches is not what kindling expects."""
+
+
+def _require(condition: bool, what: str) -> None:
+    if not condition:
+        raise LightningInternalsChanged(
+            f"kindling relies on {what}, which lightning {lightning.__version__} does not have. "
+            f"Install a version kindling supports: pip install '{SUPPORTED}'."
+        )
+
+
+def _calls(function: Callable, name: str) -> bool:
+    """Whether `function`'s own code looks up the global `name` (so replacing it takes effect)."""
+    return name in inspect.unwrap(function).__code__.co_names
+
+
+@functools.cache
+def check_hydra_launchers() -> None:
+    for module in (pytorch_launcher, fabric_launcher):
+        target = f"{module.__name__}._hydra_subprocess_cmd(local_rank)"
+        command = getattr(module, "_hydra_subprocess_cmd", None)
+        _require(
+            callable(command) and list(inspect.signature(command).parameters) == ["local_rank"],
+            target,
+        )
+        launcher = getattr(module, "_SubprocessScriptLauncher", None)
+        starts_ranks = getattr(launcher, "_call_children_scripts", None)
+        _require(
+            starts_ranks is not None and _calls(starts_ranks, "_hydra_subprocess_cmd"),
+            f"{target}, called by _SubprocessScriptLauncher._call_children_scripts",
+        )
+
+
+def install_hydra_rank_command(command: RankCommand) -> None:
+    """Have Lightning's launchers (Trainer and Fabric) start extra ranks with `command`."""
+    check_hydra_launchers()
+    modules: tuple[ModuleType, ...] = (pytorch_launcher, fabric_launcher)
+    for module in modules:
+        module._hydra_subprocess_cmd = command
+
+
+@functools.cache
+def check_throughput_monitor() -> None:
+    monitor = ThroughputMonitor(batch_size_fn=len)
+    _require(
+        isinstance(getattr(monitor, "_throughputs", None), dict)
+        and _calls(ThroughputMonitor.setup, "_throughputs"),
+        "ThroughputMonitor._throughputs, the Throughput of each stage made in setup()",
+    )
+    _require(
+        hasattr(Throughput(available_flops=None), "available_flops"),
+        "Throughput.available_flops",
+    )
+
+
+def set_available_flops(monitor: ThroughputMonitor, flops: int) -> None:
+    """Peak FLOPs per device for `monitor`, after its `setup` made the stages' meters."""
+    check_throughput_monitor()
+    monitor.available_flops = flops
+    for throughput in monitor._throughputs.values():
+        throughput.available_flops = flops
+
+
+@functools.cache
+def check_sampler_epoch() -> None:
+    set_sampler_epoch = getattr(fabric_data, "_set_sampler_epoch", None)
+    target = "lightning.fabric.utilities.data._set_sampler_epoch(loader, epoch)"
+    _require(callable(set_sampler_epoch), target)
+    _require(
+        _calls(fit_loop._FitLoop.on_advance_start, "_set_sampler_epoch"),
+        f"{target}, called by the fit loop at the start of every epoch",
+    )
+
+    class Loader:  # the protocol DeviceTensorLoader follows: `loader.sampler.set_epoch(epoch)`
+        def __init__(self) -> None:
+            self.sampler, self.batch_sampler, self.epoch = self, None, None
+
+        def set_epoch(self, epoch: int) -> None:
+            self.epoch = epoch
+
+    loader = Loader()
+    set_sampler_epoch(loader, 3)
+    _require(loader.epoch == 3, f"{target} calling `loader.sampler.set_epoch(epoch)`")
+
+
+def check_all() -> None:
+    """Every check above: the run stops before any work if one fails."""
+    check_hydra_launchers()
+    check_throughput_monitor()
+    check_sampler_epoch()

@@ -1,0 +1,302 @@
+"""No rank hangs, interrupts stop at a step boundary, third-party internals are checked."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from kindling.callbacks import CheckpointOnInterrupt
+
+from conftest import ROOT
+
+QUIET = ["callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null"]
+TWO_CPUS = ["trainer.accelerator=cpu", "trainer.devices=2"]
+
+# A net that breaks on one rank alone: imported by `train.py` from tmp_path, not shipped.
+NAN_ON_RANK_ONE = """
+import os
+
+import torch
+
+from kindling.models import CNNClassifier
+
+
+class NaNOnRankOne(CNNClassifier):
+    def __init__(self, *args, nan_at_call: int, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.nan_at_call, self.calls = nan_at_call, 0
+
+    def forward(self, x):
+        out = super().forward(x)
+        if self.training and os.environ.get("LOCAL_RANK") == "1":
+            self.calls += 1
+            if self.calls >= self.nan_at_call:
+                out = out * torch.nan
+        return out
+"""
+
+
+def train_py_with(module_dir: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """`python train.py <args>` with `module_dir` importable (ranks inherit the environment)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(module_dir), env.get("PYTHONPATH")]))
+    return subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), *args],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_nan_on_one_rank_stops_every_rank_with_the_divergence_message(tmp_path: Path) -> None:
+    (tmp_path / "nan_on_rank_one.py").write_text(textwrap.dedent(NAN_ON_RANK_ONE))
+    result = train_py_with(
+        tmp_path, *TWO_CPUS, "debug=limit", "test=false", "logger=none", *QUIET,
+        "callbacks.plots=null", "callbacks.device_report=null",
+        "model.net._target_=nan_on_rank_one.NaNOnRankOne", "+model.net.nan_at_call=3",
+        "callbacks.stop_on_divergence.check_every_n_steps=1",
+        cwd=tmp_path,
+    )  # fmt: skip
+    output = result.stdout + result.stderr
+    # Rank 0 did not go on into an all-reduce that rank 1 had left.
+    assert "Traceback" not in output and "RuntimeError" not in output, output[-4000:]
+    assert result.returncode == 1, output[-4000:]
+    # The third step's loss, NaN on rank 1 only, stopped both ranks at that step; printed once.
+    assert output.count("NaN or inf at step 3 on at least one of 2 processes") == 1, output[-4000:]
+
+
+# An optimizer whose k-th step is hit by Ctrl-C after the weights changed, before Lightning
+# counts the step: where a real Ctrl-C can land.
+CTRL_C_IN_OPTIMIZER_STEP = """
+import os
+import signal
+
+import torch
+
+
+class AdamWInterrupted(torch.optim.AdamW):
+    def __init__(self, params, interrupt_at_step: int, **kwargs):
+        super().__init__(params, **kwargs)
+        self.interrupt_at_step, self.steps = interrupt_at_step, 0
+
+    def step(self, closure=None):
+        loss = super().step(closure)
+        self.steps += 1
+        if self.steps == self.interrupt_at_step:
+            os.kill(os.getpid(), signal.SIGINT)
+        return loss
+"""
+
+REPRODUCIBLE = [
+    "trainer=cpu", "trainer.deterministic=true", "seed=7", "test=false", "debug=limit",
+    "logger=none", "callbacks.plots=null", "callbacks.device_report=null", *QUIET,
+]  # fmt: skip
+
+
+def start_train_py(module_dir: Path, *args: str, cwd: Path) -> subprocess.Popen:
+    """`python train.py <args>` with `module_dir` importable and Ctrl-C as in a terminal."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(module_dir), env.get("PYTHONPATH")]))
+    # A shell starts background jobs (CI) with SIGINT ignored; a terminal's run has it.
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "train.py"), *args],
+        cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_ctrl_c_inside_an_optimizer_step_saves_the_whole_step(tmp_path: Path) -> None:
+    (tmp_path / "ctrl_c_in_step.py").write_text(textwrap.dedent(CTRL_C_IN_OPTIMIZER_STEP))
+    interrupted = start_train_py(
+        tmp_path, *REPRODUCIBLE, "hydra.run.dir=interrupted",
+        "model.optimizer._target_=ctrl_c_in_step.AdamWInterrupted",
+        "+model.optimizer.interrupt_at_step=3",
+        cwd=tmp_path,
+    )  # fmt: skip
+    # The same run stopped after 3 steps (before any validation: no metric to return).
+    straight = start_train_py(
+        tmp_path, *REPRODUCIBLE, "hydra.run.dir=straight", "+trainer.max_steps=3",
+        "optimized_metric=null",
+        cwd=tmp_path,
+    )  # fmt: skip
+    output, _ = interrupted.communicate(timeout=300)
+    assert interrupted.returncode == 128 + signal.SIGINT, output[-3000:]
+    assert "Resume with: python train.py ckpt_path=" in output
+    straight_output, _ = straight.communicate(timeout=300)
+    assert straight.returncode == 0, straight_output[-3000:]
+    saved, expected = (
+        torch.load(tmp_path / run / "checkpoints" / "last.ckpt", weights_only=True)
+        for run in ("interrupted", "straight")
+    )
+    assert saved["global_step"] == expected["global_step"] == 3
+    for key, tensor in expected["state_dict"].items():
+        torch.testing.assert_close(saved["state_dict"][key], tensor, rtol=0, atol=0, msg=key)
+
+
+def test_first_ctrl_c_waits_for_the_step_end_and_a_second_stops_at_once() -> None:
+    """The first Ctrl-C becomes Lightning's SIGTERM request; the second raises at once."""
+    sigterms: list[int] = []
+    before = signal.signal(signal.SIGTERM, lambda signum, frame: sigterms.append(signum))
+    before_ctrl_c = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        callback = CheckpointOnInterrupt()
+        callback.on_train_start(None, None)
+        os.kill(os.getpid(), signal.SIGINT)
+        assert sigterms == [signal.SIGTERM] and callback.stopped_by == signal.SIGINT
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+        signal.signal(signal.SIGINT, before_ctrl_c)
+
+
+def break_hydra_launcher(monkeypatch) -> None:
+    from lightning.pytorch.strategies.launchers import subprocess_script
+
+    monkeypatch.delattr(subprocess_script, "_hydra_subprocess_cmd")
+
+
+def change_hydra_command_signature(monkeypatch) -> None:
+    from lightning.fabric.strategies.launchers import subprocess_script
+
+    monkeypatch.setattr(subprocess_script, "_hydra_subprocess_cmd", lambda rank: ([], "."))
+
+
+def stop_launcher_calling_the_command(monkeypatch) -> None:
+    from lightning.pytorch.strategies.launchers import subprocess_script
+
+    launcher = subprocess_script._SubprocessScriptLauncher
+    monkeypatch.setattr(launcher, "_call_children_scripts", lambda self: None)
+
+
+def break_throughput_meters(monkeypatch) -> None:
+    from lightning.pytorch.callbacks import ThroughputMonitor
+
+    monkeypatch.setattr(ThroughputMonitor, "setup", lambda self, trainer, module, stage: None)
+
+
+def break_sampler_epoch(monkeypatch) -> None:
+    from lightning.fabric.utilities import data
+
+    monkeypatch.delattr(data, "_set_sampler_epoch")
+
+
+BROKEN_INTERNALS = {
+    "hydra command gone": (break_hydra_launcher, "_hydra_subprocess_cmd(local_rank)"),
+    "hydra command signature": (change_hydra_command_signature, "_hydra_subprocess_cmd"),
+    "launcher stops calling it": (stop_launcher_calling_the_command, "_call_children_scripts"),
+    "throughput meters": (break_throughput_meters, "ThroughputMonitor._throughputs"),
+    "sampler epoch": (break_sampler_epoch, "_set_sampler_epoch"),
+}
+
+
+@pytest.mark.parametrize("case", BROKEN_INTERNALS)
+def test_a_patch_whose_lightning_target_changed_stops_with_the_version(monkeypatch, case) -> None:
+    import lightning
+
+    from kindling.utils import lightning_patches
+
+    breaks, names = BROKEN_INTERNALS[case]
+    lightning_patches.check_all()  # the installed Lightning passes
+    breaks(monkeypatch)
+    checks = (
+        lightning_patches.check_hydra_launchers,
+        lightning_patches.check_throughput_monitor,
+        lightning_patches.check_sampler_epoch,
+    )
+    for check in checks:
+        check.cache_clear()
+    try:
+        with pytest.raises(lightning_patches.LightningInternalsChanged) as error:
+            lightning_patches.check_all()
+    finally:
+        for check in checks:
+            check.cache_clear()  # checked again, unbroken, by the next caller
+    message = str(error.value)
+    assert names in message and f"lightning {lightning.__version__}" in message
+    assert lightning_patches.SUPPORTED in message
+
+
+def test_flops_are_counted_without_copying_a_weight_on_its_device(monkeypatch) -> None:
+    from lightning.fabric.utilities.throughput import measure_flops
+    from torch import nn
+
+    from kindling.callbacks.throughput import count_flops
+    from kindling.models import CNNClassifier
+    from kindling.modules import Classifier
+
+    module = Classifier(CNNClassifier((1, 8, 8), 10, channels=[4, 8]), 10, optimizer=None)
+    weights = {id(t) for t in (*module.parameters(), *module.buffers())}
+    copied: list[str] = []
+    for cls in (torch.Tensor, nn.Parameter):
+        deepcopy = cls.__deepcopy__
+
+        def recording(self, memo, deepcopy=deepcopy):
+            if id(self) in weights:
+                copied.append(str(self.device))
+            return deepcopy(self, memo)
+
+        monkeypatch.setattr(cls, "__deepcopy__", recording)
+    flops = count_flops(module, (torch.zeros(16, 1, 8, 8), torch.zeros(16)))
+    monkeypatch.undo()
+    assert copied == []
+    # The same count as a module built on the meta device in the first place.
+    with torch.device("meta"):
+        reference = Classifier(CNNClassifier((1, 8, 8), 10, channels=[4, 8]), 10, optimizer=None)
+        images = torch.zeros(16, 1, 8, 8)
+    expected = measure_flops(reference, lambda: reference(images), loss_fn=torch.Tensor.sum)
+    assert flops == expected > 0
+
+
+def test_pyproject_bounds_lightning_to_the_checked_versions() -> None:
+    from kindling.utils import lightning_patches
+
+    assert f'"{lightning_patches.SUPPORTED}"' in (ROOT / "pyproject.toml").read_text()
+
+
+def first_training_labels(compose_config, seed: int, on_device: bool) -> torch.Tensor:
+    """The labels of the first training batch, served as a run with `seed` serves them."""
+    import lightning as L
+    from hydra.utils import instantiate
+
+    cfg = compose_config(f"seed={seed}", f"data.on_device={on_device}")
+    datamodule = instantiate(cfg.data)
+    datamodule.trainer = L.Trainer(accelerator="cpu", devices=1, logger=False)
+    L.seed_everything(cfg.seed)  # what kindling.train.run does first
+    datamodule.setup("fit")
+    _, labels = next(iter(datamodule.train_dataloader()))
+    return labels
+
+
+@pytest.mark.parametrize("on_device", [False, True])
+def test_the_runs_seed_orders_the_training_batches(compose_config, on_device: bool) -> None:
+    first = first_training_labels(compose_config, 1, on_device)
+    assert torch.equal(first, first_training_labels(compose_config, 1, on_device))
+    assert not torch.equal(first, first_training_labels(compose_config, 2, on_device))
+
+
+@pytest.mark.parametrize("on_device", [False, True])
+def test_evaluation_shards_hold_every_sample_once(compose_config, on_device: bool) -> None:
+    """Each rank's test loader, as 2 processes build them: 359 images, 32 per batch and rank."""
+    from types import SimpleNamespace
+
+    from hydra.utils import instantiate
+    from lightning.pytorch.strategies import SingleDeviceStrategy
+
+    served = []
+    for rank in (0, 1):
+        datamodule = instantiate(compose_config(f"data.on_device={on_device}").data)
+        datamodule.trainer = SimpleNamespace(
+            world_size=2, global_rank=rank, accelerator=None,
+            strategy=SingleDeviceStrategy(torch.device("cpu")),
+        )  # fmt: skip
+        datamodule.setup("test")
+        # Which images: the test split's labels, replaced by their positions.
+        datamodule.data_test.tensors = (torch.arange(359), torch.arange(359))
+        served += [labels for _, labels in datamodule.test_dataloader()]
+    assert torch.equal(torch.cat(served).sort().values, torch.arange(359))
