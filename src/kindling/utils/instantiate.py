@@ -82,6 +82,11 @@ class ConfigFactory:
     def keywords(self) -> dict[str, Any]:
         return self.partial.keywords
 
+    @property
+    def __signature__(self) -> inspect.Signature:
+        # What the partial still takes (e.g. a schedule's `total_steps`), for inspect.signature.
+        return inspect.signature(self.partial)
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         try:
             return self.partial(*args, **kwargs)
