@@ -169,8 +169,7 @@ def test_value_check_passes_every_null_the_trainer_takes(compose_config) -> None
         ("model.optimizer.lr=fast", "model.optimizer.lr must be a number, got fast (AdamW's lr"),
         ("data.batch_size=big", "data.batch_size must be a number, got big"),
         ("seed=abc", "seed must be a number or null, got abc"),
-        # Null suits the Trainer, but the cosine schedule copies max_epochs as its length.
-        ("trainer.max_epochs=null", "model.scheduler.T_max is ${trainer.max_epochs}"),
+        ("data.batch_size=null", "data.batch_size must be a number, got null"),
     ],
 )
 def test_value_check_refuses_what_the_target_cannot_take(compose_config, override, message):

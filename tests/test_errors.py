@@ -34,7 +34,8 @@ MISTAKES = {
     "scheduler value": (
         [
             "model.scheduler._target_=torch.optim.lr_scheduler.LinearLR",
-            "~model.scheduler.T_max",
+            "~model.scheduler.warmup_ratio",
+            "~model.scheduler.min_lr_ratio",
             "+model.scheduler.start_factor=2",
         ],
         "model.scheduler (torch.optim.lr_scheduler.LinearLR) refused its values: Starting "
@@ -44,8 +45,9 @@ MISTAKES = {
     ),
     "scheduler unknown argument": (
         ["+model.scheduler.warmup=5"],
-        "model.scheduler.warmup=5: torch.optim.lr_scheduler.CosineAnnealingLR takes no argument "
-        "'warmup' (it takes optimizer, T_max, eta_min, last_epoch). Remove model.scheduler.warmup",
+        "model.scheduler.warmup=5: kindling.modules.optimization.warmup_cosine takes no argument "
+        "'warmup' (it takes optimizer, total_steps, warmup_ratio, min_lr_ratio). "
+        "Remove model.scheduler.warmup",
     ),
     # Found when the config is instantiated.
     "net value a library refuses": (
@@ -85,7 +87,7 @@ MISTAKES = {
     ),
     "logger unknown argument": (
         ["+logger.csv.colour=red"],
-        "logger.csv.colour=red: lightning.pytorch.loggers.CSVLogger takes no argument 'colour'",
+        "logger.csv.colour=red: kindling.loggers.ResumableCSVLogger takes no argument 'colour'",
     ),
     "data unknown argument": (
         ["+data.shuffle=true"],

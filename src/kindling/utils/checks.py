@@ -8,11 +8,11 @@ from types import NoneType, UnionType
 
 import torch
 from hydra.core.hydra_config import HydraConfig
-from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 
 from kindling.utils.checkpoint import read_checkpoint
 from kindling.utils.errors import UserError
+from kindling.utils.instantiate import locate
 
 
 def requested_world_size(trainer: DictConfig) -> int:
@@ -153,8 +153,9 @@ def _annotation(target: str, name: str) -> object:
     A class whose `__init__` passes `**kwargs` on to its base is searched on in the base.
     """
     try:
-        found = get_object(target)
-    except Exception:  # not importable: the constructor's own error says so
+        # kindling's locate, not Hydra's get_object: that one logs an error of its own.
+        found = locate(target, key="")
+    except Exception:  # not importable: building it says so, once
         return None
     for function in [c.__init__ for c in found.__mro__] if isinstance(found, type) else [found]:
         try:

@@ -84,8 +84,12 @@ class ConfigFactory:
 
     @property
     def __signature__(self) -> inspect.Signature:
-        # What the partial still takes (e.g. a schedule's `total_steps`), for inspect.signature.
-        return inspect.signature(self.partial)
+        # What the partial still takes (e.g. a schedule's `total_steps`), for inspect.signature;
+        # with an argument its target does not take, the target's own (calling it says why).
+        try:
+            return inspect.signature(self.partial)
+        except ValueError:
+            return inspect.signature(self.partial.func)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         try:
