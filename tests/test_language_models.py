@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.loggers import TensorBoardLogger
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -352,6 +352,31 @@ def test_experiment_runs_logs_and_checkpoints(compose_config, tmp_path, family) 
     module, _checkpoint = load_module(run_dir / "checkpoints" / "last.ckpt")
     assert isinstance(module, LanguageModel)
     assert module.vocabulary == Vocabulary.from_text(TINY_CORPUS)
+
+
+@pytest.mark.slow
+def test_the_nanogpt_recipe_runs_by_steps_and_tests_on_the_validation_text(
+    compose_config, tmp_path
+) -> None:
+    """experiment=charlm_shakespeare, shrunk: step-based, validated every few steps across
+    epochs, tested on the validation text."""
+    corpus = tmp_path / "tiny.txt"
+    corpus.write_text(TINY_CORPUS * 4, encoding="utf-8")
+    cfg = compose_config(
+        "experiment=charlm_shakespeare", "data.download=null", f"data.path={corpus}",
+        "data.context_length=16", "data.batch_size=4", "model.net.d_model=32",
+        "model.net.num_layers=1", "model.net.num_heads=2", "model.sample_length=0",
+        "trainer=cpu", "trainer.max_steps=12", "trainer.val_check_interval=5", *QUIET,
+    )  # fmt: skip
+    with open_dict(cfg):
+        cfg.trainer.limit_train_batches = 7
+    value = run(cfg)
+    rows = read_metrics(tmp_path / "run")
+    val = {int(r["step"]): float(r["val/loss"]) for r in rows if r.get("val/loss")}
+    test = [float(r["test/loss"]) for r in rows if r.get("test/loss")]
+    assert sorted(val) == [4, 9]  # every 5 steps, across the 2 epochs of 7 steps
+    assert value == pytest.approx(val[9])
+    assert test == [pytest.approx(min(val.values()), rel=1e-5)]  # the best checkpoint, same text
 
 
 def test_sampling_needs_only_the_checkpoint(compose_config, tmp_path, monkeypatch) -> None:
