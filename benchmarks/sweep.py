@@ -7,7 +7,7 @@ The sweep: every combination of lr in {3e-3, 1e-7}, batch size in {32, 64} and C
 seeded order). lr=1e-7 cannot learn in a few epochs, so half of the trials are hopeless. Each
 trial trains for --epochs epochs of --train-batches batches, validating after each; no test,
 no logger, no callbacks but the pruning callback and a clock (SweepClock, below), which notes
-each trial's first training step and the end of its fit. Three sweeps, each one `python train.py -m` process:
+each trial's first training step and the end of its fit. Three sweeps, one process each:
 
 - optuna, median pruner (`n_startup_trials=2`, `n_warmup_steps=1`): pruned trials, wall time;
 - optuna, nop pruner: every trial to the end; wall time;
