@@ -79,7 +79,7 @@ def run_sweep(name: str, overrides: list[str], args: argparse.Namespace, work: P
     command = [
         sys.executable, str(ROOT / "train.py"), "-m", f"paths.log_dir={work / name}",
         "trainer=cpu", "logger=none", "callbacks=none", "test=false",
-        f"trainer.max_epochs={args.epochs}", f"trainer.limit_train_batches={args.train_batches}",
+        f"trainer.max_epochs={args.epochs}", f"++trainer.limit_train_batches={args.train_batches}",
         f"+callbacks.clock={{_target_: sweep.SweepClock, path: '{clock}'}}", *overrides,
     ]  # fmt: skip
     # The clock's module (this file) must be importable in the sweep's process.
