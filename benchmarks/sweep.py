@@ -1,13 +1,13 @@
 """What an Optuna sweep costs between trials, and what pruning saves.
 
-    python benchmarks/sweep.py --epochs 4
+    python benchmarks/sweep.py --epochs 4 --train-batches 10
 
 The sweep: every combination of lr in {3e-3, 1e-7}, batch size in {32, 64} and CNN channels in
 {[8, 16], [16, 32]} on the digits (8 trials; Optuna's brute-force sampler runs each once, in a
 seeded order). lr=1e-7 cannot learn in a few epochs, so half of the trials are hopeless. Each
-trial trains for --epochs epochs with validation after each, no test, no logger, no callbacks
-but the pruning callback and a clock (SweepClock, below), which notes each trial's first
-training step and the end of its fit. Three sweeps, each one `python train.py -m` process:
+trial trains for --epochs epochs of --train-batches batches, validating after each; no test,
+no logger, no callbacks but the pruning callback and a clock (SweepClock, below), which notes
+each trial's first training step and the end of its fit. Three sweeps, one process each:
 
 - optuna, median pruner (`n_startup_trials=2`, `n_warmup_steps=1`): pruned trials, wall time;
 - optuna, nop pruner: every trial to the end; wall time;
@@ -73,13 +73,13 @@ class SweepClock(Callback):
             file.write(json.dumps({"event": event, "time": time.monotonic()}) + "\n")
 
 
-def run_sweep(name: str, overrides: list[str], epochs: int, work: Path) -> dict:
+def run_sweep(name: str, overrides: list[str], args: argparse.Namespace, work: Path) -> dict:
     """One `python train.py -m` sweep; its wall time and the gaps between its trials."""
     clock = work / f"{name}.clock"
     command = [
         sys.executable, str(ROOT / "train.py"), "-m", f"paths.log_dir={work / name}",
         "trainer=cpu", "logger=none", "callbacks=none", "test=false",
-        f"trainer.max_epochs={epochs}",
+        f"trainer.max_epochs={args.epochs}", f"++trainer.limit_train_batches={args.train_batches}",
         f"+callbacks.clock={{_target_: sweep.SweepClock, path: '{clock}'}}", *overrides,
     ]  # fmt: skip
     # The clock's module (this file) must be importable in the sweep's process.
@@ -112,6 +112,7 @@ def study_outcome(work: Path, name: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--train-batches", type=int, default=10, help="per epoch")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -128,18 +129,20 @@ def main() -> None:
         ]
         basic = [f"{key}={value[len('choice(') : -1]}" for key, value in SPACE.items()]
         results = {
-            "optuna_median": run_sweep("optuna_median", search + median, args.epochs, work),
+            "optuna_median": run_sweep("optuna_median", search + median, args, work),
             "optuna_nop": run_sweep(
                 "optuna_nop", [*search, "hparams_search/pruner=nop"], args.epochs, work
             ),
-            "basic": run_sweep("basic", basic, args.epochs, work),
+            "basic": run_sweep("basic", basic, args, work),
         }
         for name in ("optuna_median", "optuna_nop"):
             results[name].update(study_outcome(work, name))
 
-    report = {"epochs": args.epochs, "unit": "s", "results": results}
+    report = {
+        "epochs": args.epochs, "train_batches": args.train_batches, "unit": "s", "results": results
+    }  # fmt: skip
     (args.out / "sweep.json").write_text(json.dumps(report, indent=2) + "\n")
-    print(f"8 trials of up to {args.epochs} epochs (digits, CNN, CPU)")
+    print(f"8 trials of up to {args.epochs} epochs of {args.train_batches} batches (digits, CPU)")
     header = "| sweep | wall time (s) | pruned | best val/acc_best | gap between trials (s) |"
     print(header)
     print("| --- | --- | --- | --- | --- |")

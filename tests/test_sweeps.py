@@ -1,5 +1,7 @@
 """Optuna sweeps: search space, pruning, failed trials, resumed and shared studies, best trial."""
 
+import os
+import socket
 import subprocess
 import sys
 import time
@@ -22,7 +24,7 @@ from torch.utils.data import DataLoader
 from hydra_plugins.kindling_optuna_sweeper.optuna_sweeper import OptunaSweeper
 from kindling.callbacks import OptunaPruning
 from kindling.sweeps.search_space import parse_search_space
-from kindling.sweeps.study import open_storage
+from kindling.sweeps.study import counted_trials, fail_interrupted_trials, open_storage
 
 from conftest import ROOT, train_py
 
@@ -126,6 +128,26 @@ def test_pruning_lets_a_winning_trial_train_to_the_end(tmp_path: Path) -> None:
     study = optuna.load_study(study_name="s", storage=open_storage(str(tmp_path / "journal.log")))
     assert study.trials[1].intermediate_values == pytest.approx(dict.fromkeys(range(4), 0.95))
     assert not pruning.pruned and trainer.current_epoch == 4
+
+
+def test_trials_of_a_dead_sweeper_are_failed_and_can_run_again(tmp_path: Path) -> None:
+    storage = open_storage(str(tmp_path / "journal.log"))
+    study = optuna.create_study(study_name="s", storage=storage)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    for pid in (dead.pid, os.getpid()):
+        trial = study.ask({"lr": FloatDistribution(1e-4, 1e-1)})  # as the sweeper asks
+        trial.set_user_attr("sweeper", {"host": socket.gethostname(), "pid": pid})
+
+    assert fail_interrupted_trials(storage, study, retry=True) == [0]
+    cut_off, alive, retry = study.get_trials()
+    assert cut_off.state == TrialState.FAIL and cut_off.user_attrs["interrupted"]
+    assert alive.state == TrialState.RUNNING  # its sweeper is still at work
+    assert retry.state == TrialState.WAITING and retry.user_attrs["retry_of"] == 0
+    # Neither the cut-off trial nor the queued one counts toward n_trials; the running one does.
+    assert counted_trials(study) == 1
+    space = {"lr": FloatDistribution(1e-4, 1e-1)}
+    assert study.ask(space).params == cut_off.params  # the retry runs next
 
 
 def write_search(tmp_path: Path, config: str) -> list[str]:
