@@ -113,6 +113,7 @@ class DeviceGenerator:
         if self.generator is None or self.generator.device != device:
             self.generator, self.epoch = torch.Generator(device=device), None
         if self.epoch != epoch:
-            self.generator.manual_seed(self.seed + 1_000_003 * epoch + 7919 * rank)
+            # Kept below 2**63: an unseeded run's seed may be any 64-bit number.
+            self.generator.manual_seed((self.seed + 1_000_003 * epoch + 7919 * rank) % 2**63)
             self.epoch = epoch
         return self.generator
