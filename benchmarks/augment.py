@@ -52,6 +52,8 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--options", nargs="+", default=["none", "crop"])
+    parser.add_argument("--val-every", type=int, default=1, help="validate every N epochs")
+    parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = parser.parse_args()
     logging.disable(logging.WARNING)
@@ -62,7 +64,9 @@ def main() -> None:
         for option in args.options:
             overrides = [
                 "data=digits", f"augment={option}", f"data.val_fraction={args.val_fraction}",
+                f"data.batch_size={args.batch_size}",
                 f"seed={seed}", "trainer=cpu", f"trainer.max_epochs={args.epochs}",
+                f"trainer.check_val_every_n_epoch={args.val_every}",
                 "callbacks.early_stopping=null", "callbacks.rich_progress_bar=null",
                 "callbacks.rich_model_summary=null", "callbacks.plots=null", "logger=csv",
             ]  # fmt: skip
@@ -74,7 +78,10 @@ def main() -> None:
             print(f"seed {seed} augment={option:<10} test/acc {accuracy:.4f} ({seconds:.0f} s)")
 
     train_images = round(1438 * (1 - args.val_fraction))
-    print(f"\ndigits, {train_images} training images, {args.epochs} epochs, seeds {args.seeds}")
+    print(
+        f"\ndigits, {train_images} training images, batch {args.batch_size}, {args.epochs} "
+        f"epochs, seeds {args.seeds}"
+    )
     summary = {}
     for option, values in accuracies.items():
         mean = statistics.mean(values)

@@ -115,10 +115,12 @@ def test_in_memory_training_batches_are_augmented_and_others_are_not(tmp_path: P
 def test_each_data_set_has_a_fitting_default(compose_config) -> None:
     assert set(compose_config("data=cifar10").data.augment) == {"crop", "flip"}
     assert set(compose_config("data=fashion_mnist").data.augment) == {"crop", "flip"}
-    for data in ("digits", "mnist"):  # a mirrored digit is another symbol: no flip
-        assert set(compose_config(f"data={data}").data.augment) == {"crop"}
+    # A mirrored digit is another symbol: no flip. The 8x8 digits measured no better with crops.
+    assert set(compose_config("data=mnist").data.augment) == {"crop"}
+    assert not compose_config("data=digits").data.augment
     assert compose_config("data=cifar10").data.augment.crop.padding == 4
-    assert compose_config("data=digits").data.augment.crop.padding == 1
+    assert compose_config("data=mnist").data.augment.crop.padding == 3
+    assert compose_config("data=digits", "augment=crop").data.augment.crop.padding == 1
     assert not compose_config("augment=none").data.augment
     assert "augment" not in compose_config("experiment=charlm").data
 
