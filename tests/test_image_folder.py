@@ -340,3 +340,16 @@ def test_two_processes_train_on_disjoint_shards(tmp_path: Path) -> None:
     assert "Starting with 2 processes" in output
     metrics = next((tmp_path / "logs").rglob("metrics.csv")).read_text()
     assert "train/acc" in metrics
+
+
+def test_a_missing_data_path_names_the_key(compose_config) -> None:
+    from omegaconf import OmegaConf
+
+    from kindling.utils.errors import find_user_error
+
+    cfg = compose_config("data=image_folder")
+    with pytest.raises(Exception) as error:
+        OmegaConf.to_container(cfg.data, resolve=True)
+    assert "needs the folder of your images: data.path=<folder>" in str(
+        find_user_error(error.value)
+    )

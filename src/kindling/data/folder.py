@@ -67,8 +67,13 @@ def check_root(root: Path) -> None:
         )
 
 
-def class_names(root: str | Path) -> list[str]:
+def class_names(root: str | Path | None) -> list[str]:
     """The class names of an image folder: the subfolders of `<root>/train`, or of `<root>`."""
+    if root is None:
+        raise UserError(
+            "data=image_folder needs the folder of your images: data.path=<folder>, laid out as "
+            "<folder>/<class>/<images> or <folder>/train/<class>/<images>."
+        )
     root = Path(root)
     check_root(root)
     folders = class_folders(split_root(root))
@@ -80,7 +85,7 @@ def class_names(root: str | Path) -> list[str]:
     return [f.name for f in folders]
 
 
-def class_count(root: str | Path) -> int:
+def class_count(root: str | Path | None) -> int:
     """The number of classes in an image folder (the `${class_count:...}` config resolver)."""
     return len(class_names(root))
 
