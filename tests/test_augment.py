@@ -149,3 +149,24 @@ def test_trivial_augment_runs_per_image_on_uint8(compose_config, tmp_path: Path)
     torch.manual_seed(0)
     out = dm.transform(image)
     assert out.dtype == torch.uint8 and out.shape == image.shape
+
+
+@pytest.mark.parametrize("on_device", [False, True])
+def test_the_trainer_augments_training_batches_only(
+    compose_config, monkeypatch, on_device: bool
+) -> None:
+    from kindling.train import run
+
+    calls = []
+    original = BatchAugment.__call__
+
+    def spy(self, images, generator, fill=0.0):
+        calls.append(images.shape)
+        return original(self, images, generator, fill)
+
+    monkeypatch.setattr(BatchAugment, "__call__", spy)
+    quiet = ["callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null"]
+    cfg = compose_config("augment=crop", f"data.on_device={on_device}", "debug=fdr", *quiet)
+    run(cfg)
+    # fast_dev_run: one training, one validation and one test batch; only the first augmented.
+    assert calls == [(64, 1, 8, 8)]

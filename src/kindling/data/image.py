@@ -5,6 +5,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
+from lightning.fabric.utilities.apply_func import move_data_to_device
 from torch.utils.data import DataLoader, TensorDataset
 
 from kindling.data.augment import BatchAugment, DeviceGenerator, Transform
@@ -133,8 +134,9 @@ class ImageDataModule(BatchedDataModule):
     ) -> DataLoader | DeviceTensorLoader:
         if not (self.hparams.on_device and self.trainer is not None and dataset is not None):
             return super()._loader(dataset, shuffle, drop_last)
-        # The Trainer's strategy moves the tensors: it knows this process's device.
-        tensors = self.trainer.strategy.batch_to_device(dataset.tensors)
+        # To the strategy's device (this process's), without the batch hooks: the whole set is
+        # copied once, and augmentation belongs to each training batch, not to the copy.
+        tensors = move_data_to_device(dataset.tensors, self.trainer.strategy.root_device)
         return DeviceTensorLoader(
             tensors,
             self.batch_size_per_device,
