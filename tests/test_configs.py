@@ -14,7 +14,7 @@ from lightning.pytorch.callbacks import ModelSummary, ProgressBar
 from omegaconf import OmegaConf
 
 import kindling.train
-from kindling.data import ImageDataModule
+from kindling.data.batched import BatchedDataModule
 from kindling.modules import Classifier
 from kindling.train import run
 from kindling.utils import UserError, build, checks
@@ -23,33 +23,52 @@ from conftest import options
 
 QUIET = ["callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null"]
 
-GROUPS = ["data", "model", "trainer", "callbacks", "logger", "experiment", "debug"]
+GROUPS = ["data", "augment", "model", "trainer", "callbacks", "logger", "experiment", "debug"]
+
+
+@pytest.fixture
+def image_folder(tmp_path):
+    """A data.path for data=image_folder: two class folders of one tiny PNG each."""
+    from PIL import Image
+
+    for name in ("cat", "dog"):
+        (tmp_path / "images" / name).mkdir(parents=True)
+        Image.new("RGB", (4, 4)).save(tmp_path / "images" / name / "0.png")
+    return tmp_path / "images"
+
+
+def with_data_path(overrides: list[str], folder) -> list[str]:
+    """data=image_folder needs data.path (its class count is read from the folder)."""
+    return [*overrides, f"data.path={folder}"] if "data=image_folder" in overrides else overrides
 
 
 def test_every_group_has_options() -> None:
     for group in GROUPS:
         assert options(group), f"configs/{group}/ has no options"
     assert options("model") == ["cnn", "lstm", "rnn", "transformer"]
-    assert options("data") == ["cifar10", "digits", "fashion_mnist", "mnist"]
+    assert options("data") == ["cifar10", "digits", "fashion_mnist", "image_folder", "mnist"]
+    assert options("augment") == ["crop", "flip_crop", "none", "trivial_augment"]
     assert {"default", "cpu", "gpu", "ddp", "ddp_cpu", "mps"} <= set(options("trainer"))
 
 
 @pytest.mark.parametrize(
     "override", [f"{group}={option}" for group in GROUPS for option in options(group)]
 )
-def test_option_composes_and_resolves(compose_config, override: str) -> None:
-    cfg = compose_config(override)
+def test_option_composes_and_resolves(compose_config, image_folder, override: str) -> None:
+    cfg = compose_config(*with_data_path([override], image_folder))
     # Resolving catches broken interpolations and missing keys.
     OmegaConf.to_container(cfg, resolve=True)
 
 
 @pytest.mark.parametrize("data", options("data"))
 @pytest.mark.parametrize("model", options("model"))
-def test_model_and_data_build_from_config(compose_config, model: str, data: str) -> None:
-    cfg = compose_config(f"model={model}", f"data={data}")
+def test_model_and_data_build_from_config(
+    compose_config, image_folder, model: str, data: str
+) -> None:
+    cfg = compose_config(*with_data_path([f"model={model}", f"data={data}"], image_folder))
     datamodule = instantiate(cfg.data, _convert_="all")
     module = instantiate(cfg.model, _convert_="all")
-    assert isinstance(datamodule, ImageDataModule)
+    assert isinstance(datamodule, BatchedDataModule)
     assert isinstance(module, Classifier)
     # Shape and class count are typed once, in the data config.
     image_shape = list(cfg.data.image_shape)

@@ -1,6 +1,7 @@
 """Predicting from a checkpoint alone: a folder of image files, or a data set split, to CSV."""
 
 import csv
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -44,6 +45,29 @@ def test_predicts_a_folder_of_image_files(checkpoint: Path, tmp_path: Path) -> N
     by_name = {Path(r["file"]).name: int(r["class"]) for r in rows}
     correct = sum(by_name[f"digit_{i:02d}.png"] == digits.target[i] for i in range(40))
     assert correct >= 34
+
+
+def test_a_corrupt_file_is_named_and_the_others_predicted(
+    checkpoint: Path, tmp_path: Path, caplog
+) -> None:
+    digits = load_digits()
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for i in range(5):
+        pixels = torch.tensor(digits.images[i] * 255 / 16).round().to(torch.uint8)[None]
+        write_png(pixels, str(folder / f"digit_{i}.png"))
+    # A PNG signature and nothing readable after it: libpng fails inside decode_png.
+    (folder / "corrupt.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(40)))
+    (folder / "notes.txt").write_text("not an image")
+
+    with caplog.at_level(logging.WARNING):
+        output = predict(
+            PredictArgs(str(checkpoint), str(folder), str(tmp_path / "p.csv"), num_workers=0)
+        )
+    rows = read_rows(output)
+    assert [Path(r["file"]).name for r in rows] == [f"digit_{i}.png" for i in range(5)]
+    assert f"Skipped {folder / 'corrupt.png'}" in caplog.text
+    assert "1 of 6 files could not be decoded" in caplog.text
 
 
 def test_predicts_a_data_set_split(checkpoint: Path, tmp_path: Path) -> None:

@@ -3,7 +3,9 @@
     python -m kindling.predict ckpt_path=<file> input=<folder of images> output=predictions.csv
 
 `input=test` (or `val`) predicts that split of the data set the model was trained on instead.
-The CSV has one row per image: file (or index), class, probability. The checkpoint holds the
+The CSV has one row per image: file (or index), class (its name when the training data named
+its classes: an image folder's folder names), probability. Files that cannot be decoded are
+named in a warning and left out. The checkpoint holds the
 model's config, its weights and the training set's per-channel statistics, so nothing else is
 needed. The Lightning Trainer places the work (`accelerator=auto`: a GPU when there is one).
 """
@@ -13,20 +15,24 @@ import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import torch
 from hydra.utils import instantiate
+from lightning.pytorch.callbacks import BasePredictionWriter
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
-from torch.utils.data import DataLoader, Dataset
-from torchvision.io import ImageReadMode, decode_image
-from torchvision.transforms.v2.functional import resize
+from torch.utils.data import DataLoader, Dataset, default_collate
 
+from kindling.data.batched import default_num_workers
+from kindling.data.folder import IMAGE_SUFFIXES, image_files
+from kindling.data.image_files import UnreadableImage, read_image
+from kindling.data.normalize import to_model_input
 from kindling.utils.checkpoint import load_module
 from kindling.utils.errors import UserError
 
-IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".gif", ".webp"}
+log = logging.getLogger("kindling")
 
 
 @dataclass
@@ -35,41 +41,73 @@ class PredictArgs:
     input: str = "???"  # a folder of image files, or a split: test | val
     output: str = "predictions.csv"
     batch_size: int = 256
+    num_workers: int | None = None  # decoding processes; null: the CPUs available
     accelerator: str = "auto"  # cpu | gpu | auto
 
 
 USAGE = "python -m kindling.predict ckpt_path=<file> input=<folder | test | val> output=<csv>"
 
 
-class ImageFiles(Dataset):
-    """Image files read as the model's input: resized to (H, W), C channels, standardised with
-    the training set's per-channel `mean` and `std`."""
+class FilesToPredict(Dataset):
+    """`(image, index, readable)` for each file: the image decoded as in training (uint8,
+    resized, converted); a file that cannot be decoded gives a blank image and `readable=False`,
+    so one bad file costs its own row only."""
 
-    def __init__(
-        self, files: list[Path], image_shape: list[int], mean: torch.Tensor, std: torch.Tensor
-    ):
+    def __init__(self, files: list[Path], image_shape: list[int]):
         self.files = files
-        self.channels, self.height, self.width = image_shape
-        self.mode = ImageReadMode.GRAY if self.channels == 1 else ImageReadMode.RGB
-        # Statistics are stored as (1, C, 1, 1); one image is (C, H, W).
-        self.mean, self.std = mean[0], std[0]
+        self.channels, self.size = image_shape[0], image_shape[1]
 
     def __len__(self) -> int:
         return len(self.files)
 
-    def __getitem__(self, index: int) -> torch.Tensor:
-        image = decode_image(str(self.files[index]), mode=self.mode)
-        image = resize(image, [self.height, self.width], antialias=True)
-        return (image.float() / 255.0 - self.mean) / self.std
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int, bool]:
+        try:
+            return read_image(self.files[index], self.channels, self.size), index, True
+        except UnreadableImage:
+            return torch.zeros(self.channels, self.size, self.size, dtype=torch.uint8), index, False
 
 
-def image_files(folder: Path) -> list[Path]:
+class Standardise:
+    """Collate uint8 images into a batch standardised with the training set's statistics."""
+
+    def __init__(self, mean: torch.Tensor, std: torch.Tensor):
+        self.mean, self.std = mean, std
+
+    def __call__(self, samples: list[tuple[torch.Tensor, int, bool]]) -> list[torch.Tensor]:
+        images, indices, readable = default_collate(samples)
+        return [to_model_input(images, self.mean, self.std), indices, readable]
+
+
+class CollectRows(BasePredictionWriter):
+    """Keep `(index, class, probability)` of each readable image, and the unreadable indices."""
+
+    def __init__(self):
+        super().__init__(write_interval="batch")
+        self.rows: list[tuple[int, int, float]] = []
+        self.unreadable: list[int] = []
+
+    def write_on_batch_end(
+        self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx
+    ) -> None:
+        confidence, classes = prediction.max(dim=1)
+        _, indices, readable = batch
+        for i, ok, c, p in zip(indices.tolist(), readable.tolist(), classes.tolist(),
+                               confidence.tolist(), strict=True):  # fmt: skip
+            if ok:
+                self.rows.append((i, c, p))
+            else:
+                self.unreadable.append(i)
+
+
+def folder_files(folder: Path) -> list[Path]:
     if not folder.is_dir():
         raise UserError(f"input={folder} is not a folder. Give a folder of images, or test / val.")
-    files = sorted(p for p in folder.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
+    files, skipped = image_files(folder)
     if not files:
         suffixes = ", ".join(sorted(IMAGE_SUFFIXES))
         raise UserError(f"No image files ({suffixes}) in {folder}.")
+    if skipped:
+        log.info("Skipped %d files in %s that are not images (by suffix).", skipped, folder)
     return files
 
 
@@ -77,34 +115,65 @@ def predict(args: PredictArgs) -> Path:
     """Write the predictions CSV; return its path."""
     module, checkpoint = load_module(args.ckpt_path)
     data_cfg = checkpoint["config"]["data"]
-    if args.input in ("test", "val"):
-        datamodule = instantiate(data_cfg, batch_size=args.batch_size)
-        datamodule.setup("predict")
-        loader = getattr(datamodule, f"{args.input}_dataloader")()
-        names = [str(i) for i in range(len(loader.dataset))]
-    else:
-        files = image_files(Path(args.input))
-        stats = checkpoint.get(data_cfg["_target_"].rsplit(".", 1)[-1], {})
-        if stats.get("mean") is None:
-            raise UserError(f"{args.ckpt_path} has no image statistics: retrain with this version.")
-        dataset = ImageFiles(files, data_cfg["image_shape"], stats["mean"], stats["std"])
-        loader = DataLoader(dataset, batch_size=args.batch_size)
-        names = [str(f) for f in files]
-
+    state = checkpoint.get(data_cfg["_target_"].rsplit(".", 1)[-1], {})
+    if state.get("mean") is None:
+        raise UserError(f"{args.ckpt_path} has no image statistics: retrain with this version.")
+    class_names = state.get("classes")
     trainer = L.Trainer(
         accelerator=args.accelerator, devices=1, logger=False, enable_progress_bar=False
     )
-    probabilities = torch.cat(trainer.predict(module, dataloaders=loader))
-    confidence, classes = probabilities.max(dim=1)
+    if args.input in ("test", "val"):
+        names, rows = _predict_split(trainer, module, data_cfg, state, args)
+        unreadable: list[str] = []
+    else:
+        files = folder_files(Path(args.input))
+        loader = DataLoader(
+            FilesToPredict(files, data_cfg["image_shape"]),
+            batch_size=args.batch_size,
+            num_workers=default_num_workers(1) if args.num_workers is None else args.num_workers,
+            collate_fn=Standardise(state["mean"], state["std"]),
+        )
+        collect = CollectRows()
+        trainer.callbacks.append(collect)
+        trainer.predict(module, dataloaders=loader, return_predictions=False)
+        names, rows = [str(f) for f in files], sorted(collect.rows)
+        unreadable = [names[i] for i in sorted(collect.unreadable)]
+        for name in unreadable:
+            log.warning("Skipped %s: not a readable image (corrupt or truncated).", name)
 
     output = Path(args.output)
     output.parent.mkdir(parents=True, exist_ok=True)
     with open(output, "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["file", "class", "probability"])
-        for name, label, p in zip(names, classes.tolist(), confidence.tolist(), strict=True):
-            writer.writerow([name, label, f"{p:.6f}"])
+        for index, label, p in rows:
+            name = class_names[label] if class_names else label
+            writer.writerow([names[index], name, f"{p:.6f}"])
+    if unreadable:
+        log.warning("%d of %d files could not be decoded; they are not in %s.",
+                    len(unreadable), len(names), output)  # fmt: skip
     return output
+
+
+def _predict_split(
+    trainer: L.Trainer,
+    module: L.LightningModule,
+    data_cfg: dict[str, Any],
+    state: dict[str, Any],
+    args: PredictArgs,
+) -> tuple[list[str], list[tuple[int, int, float]]]:
+    """Predict the test or val split of the training data, through the data module's own
+    loader and batch hooks (an image folder's batches are standardised on the device)."""
+    datamodule = instantiate(data_cfg, batch_size=args.batch_size)
+    datamodule.load_state_dict(state)
+    datamodule.predict_split = args.input
+    probabilities = torch.cat(trainer.predict(module, datamodule=datamodule))
+    confidence, classes = probabilities.max(dim=1)
+    dataset = getattr(datamodule, f"data_{args.input}")
+    samples = getattr(dataset, "samples", None)  # an image folder's (file, label) pairs
+    names = [str(f) for f, _ in samples] if samples else [str(i) for i in range(len(dataset))]
+    rows = list(zip(range(len(names)), classes.tolist(), confidence.tolist(), strict=True))
+    return names, rows
 
 
 def main(argv: list[str]) -> None:

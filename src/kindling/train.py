@@ -30,6 +30,7 @@ from kindling.callbacks import (
     RestoreRandomState,
 )
 from kindling.data.batched import per_device_batch_size
+from kindling.data.folder import class_count
 from kindling.utils import (
     UserError,
     build,
@@ -57,6 +58,10 @@ OmegaConf.register_new_resolver("run_dir", resume.run_dir, replace=True)
 OmegaConf.register_new_resolver("hydra_subdir", resume.hydra_subdir, replace=True)
 # trainer=gpu_per_job gives job N of a parallel sweep its own GPU: `devices: ${job_device:}`.
 OmegaConf.register_new_resolver("job_device", hydra_ddp.job_device, replace=True)
+# data=image_folder counts its classes: `num_classes: ${class_count:${data.path}}`; the augment
+# group pads crops by an eighth of the image size: `${div:${data.image_shape.1},8}`.
+OmegaConf.register_new_resolver("class_count", class_count, replace=True)
+OmegaConf.register_new_resolver("div", lambda a, b: int(a) // int(b), replace=True)
 
 
 def run(cfg: DictConfig) -> float | None:

@@ -2,6 +2,7 @@
 
 from kindling.data.digits import DigitsDataModule
 from kindling.data.image import ImageDataModule
+from kindling.data.image_folder import ImageFolderDataModule
 from kindling.data.text import CharTextDataModule
 from kindling.data.torchvision_datasets import (
     CIFAR10DataModule,
@@ -15,5 +16,6 @@ __all__ = [
     "DigitsDataModule",
     "FashionMNISTDataModule",
     "ImageDataModule",
+    "ImageFolderDataModule",
     "MNISTDataModule",
 ]

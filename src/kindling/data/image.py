@@ -1,12 +1,14 @@
 """The shared part of every image data set: normalise, split, batch per device, load."""
 
 from abc import abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
+from lightning.fabric.utilities.apply_func import move_data_to_device
 from torch.utils.data import DataLoader, TensorDataset
 
+from kindling.data.augment import BatchAugment, DeviceGenerator, Transform
 from kindling.data.batched import BatchedDataModule, per_device_batch_size
 from kindling.data.device_loader import DeviceTensorLoader
 from kindling.utils.errors import UserError
@@ -36,6 +38,9 @@ class ImageDataModule(BatchedDataModule):
             the run's seed already (Lightning seeds its samplers with it).
         on_device: keep the whole data set on the training device (one copy at the start) and
             serve batches there with `DeviceTensorLoader`, instead of DataLoader workers.
+        augment: training-time augmentation (the `augment` config group): random crops and
+            flips applied to each training batch on the device, one draw per image, seeded by
+            the run's seed, the epoch and the process rank.
     """
 
     def __init__(
@@ -51,9 +56,14 @@ class ImageDataModule(BatchedDataModule):
         seed: int = 0,
         on_device: bool = False,
         shuffle_seed: int | None = None,
+        augment: Mapping[str, Transform | None] | None = None,
     ):
         super().__init__()
-        self.save_hyperparameters(logger=False)
+        # Transforms are objects: checkpoints hold plain values only (the config has them).
+        self.save_hyperparameters(ignore=["augment"], logger=False)
+        self.batch_augment = BatchAugment(augment)
+        self.generator = DeviceGenerator(torch.initial_seed())
+        self._fill: torch.Tensor | None = None
         per_device_batch_size(batch_size, 1)  # fail at construction on a non-positive size
         if not 0.0 < val_fraction < 1.0:
             raise UserError(f"data.val_fraction must be between 0 and 1, got {val_fraction}.")
@@ -92,6 +102,18 @@ class ImageDataModule(BatchedDataModule):
         """Images in [0, 1] -> what the model was trained on."""
         return (images - self.mean) / self.std
 
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        if not (self.batch_augment and self.trainer is not None and self.trainer.training):
+            return batch
+        if not isinstance(batch, list | tuple):  # the model summary's example input
+            return batch
+        images, labels = batch
+        if self._fill is None or self._fill.device != images.device:
+            self._fill = self.standardise(torch.zeros_like(self.mean)).to(images.device)
+        trainer = self.trainer
+        generator = self.generator(images.device, trainer.current_epoch, trainer.global_rank)
+        return self.batch_augment(images, generator, self._fill), labels
+
     def state_dict(self) -> dict[str, Any]:
         # Lightning stores this in every checkpoint: prediction needs no training data.
         return {"mean": self.mean, "std": self.std}
@@ -113,13 +135,14 @@ class ImageDataModule(BatchedDataModule):
             )
 
     def _loader(
-        self, dataset: TensorDataset | None, shuffle: bool
+        self, dataset: TensorDataset | None, shuffle: bool, drop_last: bool = False
     ) -> DataLoader | DeviceTensorLoader:
         if not (self.hparams.on_device and self.trainer is not None and dataset is not None):
-            return super()._loader(dataset, shuffle)
-        # The Trainer's strategy moves the tensors: it knows this process's device.
+            return super()._loader(dataset, shuffle, drop_last=drop_last)
+        # To the strategy's device (this process's), without the batch hooks: the whole set is
+        # copied once, and augmentation belongs to each training batch, not to the copy.
         strategy = self.trainer.strategy
-        tensors = strategy.batch_to_device(dataset.tensors)
+        tensors = move_data_to_device(dataset.tensors, strategy.root_device)
         seed = self.hparams.shuffle_seed
         if seed is None:  # an unseeded run: a new order, the same on every rank
             seed = strategy.broadcast(int(torch.randint(2**31, ())))
@@ -127,6 +150,7 @@ class ImageDataModule(BatchedDataModule):
             tensors,
             self.batch_size_per_device,
             shuffle=shuffle,
+            drop_last=drop_last,
             rank=self.trainer.global_rank,
             world_size=self.trainer.world_size,
             seed=seed,

@@ -1,0 +1,119 @@
+"""What is done to each training sample: the `augment` config group, built two ways.
+
+Each option of configs/augment/ is a mapping of named torchvision.transforms.v2 transforms.
+Image folders run them as they are, per image in the DataLoader workers (`worker_transform`).
+In-memory data sets have no workers: `BatchAugment` applies the same random crop and horizontal
+flip to whole batches on the training device, with a draw of its own for every image (a v2
+transform called on a batch draws once for all of it).
+"""
+
+from collections.abc import Callable, Mapping
+
+import torch
+import torch.nn.functional as F
+from torchvision.transforms import v2
+
+from kindling.utils.errors import UserError
+
+Transform = Callable[[torch.Tensor], torch.Tensor]
+
+
+def worker_transform(augment: Mapping[str, Transform | None] | None) -> v2.Compose | None:
+    """The augment entries in their config order (null entries are off), or None for none."""
+    transforms = [t for t in (augment or {}).values() if t is not None]
+    return v2.Compose(transforms) if transforms else None
+
+
+def random_horizontal_flip(
+    images: torch.Tensor, p: float, generator: torch.Generator
+) -> torch.Tensor:
+    """Mirror each image of `(B, C, H, W)` with probability `p`, drawn per image."""
+    flip = torch.rand(len(images), device=images.device, generator=generator) < p
+    return torch.where(flip[:, None, None, None], images.flip(-1), images)
+
+
+def random_crop(
+    images: torch.Tensor,
+    size: tuple[int, int],
+    padding: list[int] | None,
+    fill: torch.Tensor | float,
+    generator: torch.Generator,
+) -> torch.Tensor:
+    """A `size` window of each padded image of `(B, C, H, W)`, at an offset drawn per image.
+
+    `padding` is `[left, right, top, bottom]` (as `v2.RandomCrop` stores it), filled with
+    `fill` (a number, or `(1, C, 1, 1)` per channel).
+    """
+    left, right, top, bottom = padding or (0, 0, 0, 0)
+    # Pad with zeros around images shifted by -fill, then shift back: padding filled with `fill`.
+    padded = F.pad(images - fill, (left, right, top, bottom)) + fill
+    batch, _, height, width = padded.shape
+    crop_h, crop_w = size
+    if crop_h > height or crop_w > width:
+        raise UserError(
+            f"augment: a {crop_h}x{crop_w} crop does not fit {height}x{width} padded images. "
+            "Set the crop's size to the data's image size."
+        )
+    device = images.device
+    ys = torch.randint(0, height - crop_h + 1, (batch, 1), device=device, generator=generator)
+    xs = torch.randint(0, width - crop_w + 1, (batch, 1), device=device, generator=generator)
+    rows = ys + torch.arange(crop_h, device=device)  # (B, h)
+    cols = xs + torch.arange(crop_w, device=device)  # (B, w)
+    index = torch.arange(batch, device=device)[:, None, None]
+    # Gather (B, h, w, C) with one advanced index, back to (B, C, h, w).
+    crops = padded.permute(0, 2, 3, 1)[index, rows[:, :, None], cols[:, None, :]]
+    return crops.permute(0, 3, 1, 2).contiguous()
+
+
+class BatchAugment:
+    """Random crops and horizontal flips of whole batches, one draw per image.
+
+    Built from the same `v2.RandomCrop` / `v2.RandomHorizontalFlip` objects as the image-folder
+    pipeline; other transforms are refused (they need a per-image pipeline in workers).
+    """
+
+    def __init__(self, augment: Mapping[str, Transform | None] | None):
+        self.transforms = [t for t in (augment or {}).values() if t is not None]
+        for name, transform in (augment or {}).items():
+            if transform is not None and not isinstance(
+                transform, v2.RandomHorizontalFlip | v2.RandomCrop
+            ):
+                raise UserError(
+                    f"augment.{name} ({type(transform).__name__}) runs on image folders only: "
+                    "in-memory data sets augment whole batches on the device with RandomCrop "
+                    "and RandomHorizontalFlip. Use augment=none, crop or flip_crop."
+                )
+
+    def __bool__(self) -> bool:
+        return bool(self.transforms)
+
+    def __call__(
+        self, images: torch.Tensor, generator: torch.Generator, fill: torch.Tensor | float = 0.0
+    ) -> torch.Tensor:
+        """`fill`: what crop padding is filled with (for standardised images, a black pixel)."""
+        for t in self.transforms:
+            if isinstance(t, v2.RandomHorizontalFlip):
+                images = random_horizontal_flip(images, t.p, generator)
+            else:
+                images = random_crop(images, t.size, t.padding, fill, generator)
+        return images
+
+
+class DeviceGenerator:
+    """A random generator on the batches' device, seeded again at each epoch from the run's
+    seed, the epoch and the process rank: draws repeat across runs and resumptions, and differ
+    between the processes of a multi-device run."""
+
+    def __init__(self, seed: int):
+        self.seed = seed
+        self.generator: torch.Generator | None = None
+        self.epoch: int | None = None
+
+    def __call__(self, device: torch.device, epoch: int, rank: int) -> torch.Generator:
+        if self.generator is None or self.generator.device != device:
+            self.generator, self.epoch = torch.Generator(device=device), None
+        if self.epoch != epoch:
+            # Kept below 2**63: an unseeded run's seed may be any 64-bit number.
+            self.generator.manual_seed((self.seed + 1_000_003 * epoch + 7919 * rank) % 2**63)
+            self.epoch = epoch
+        return self.generator

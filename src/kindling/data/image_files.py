@@ -1,0 +1,100 @@
+"""Decode image files to uint8 tensors of one size and channel count, in DataLoader workers."""
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from PIL import Image
+from torch.utils.data import Dataset
+from torchvision.io import ImageReadMode, decode_image
+from torchvision.transforms.v2.functional import pil_to_tensor, resize
+
+log = logging.getLogger(__name__)
+
+
+class UnreadableImage(Exception):
+    """A file that neither torchvision.io nor PIL can decode (corrupt, truncated, not an image)."""
+
+    def __init__(self, path: Path, reason: object):
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+
+
+def decode_file(path: Path, channels: int) -> torch.Tensor:
+    """uint8 `(channels, H, W)` at the file's own size: torchvision.io (libjpeg-turbo, libpng),
+    PIL for the formats torchvision does not decode (BMP, TIFF, PPM, ...)."""
+    mode = ImageReadMode.GRAY if channels == 1 else ImageReadMode.RGB
+    try:
+        return decode_image(str(path), mode=mode)
+    except (RuntimeError, ValueError):
+        pass  # not a format torchvision decodes, or a broken file: PIL decides which
+    try:
+        with Image.open(path) as image:
+            return pil_to_tensor(image.convert("L" if channels == 1 else "RGB"))
+    except Exception as error:  # PIL raises many kinds: OSError, SyntaxError, ValueError, ...
+        raise UnreadableImage(path, error) from error
+
+
+def read_image(path: Path, channels: int, size: int) -> torch.Tensor:
+    """uint8 `(channels, size, size)`: any size and mode in, one size and channel count out."""
+    image = decode_file(path, channels)
+    if image.shape[-2:] != (size, size):
+        image = resize(image, [size, size], antialias=True)
+    return image
+
+
+class ImageFiles(Dataset):
+    """`(image, label)` pairs of image files, each image uint8 `(channels, size, size)`.
+
+    Args:
+        samples: `(file, label)` pairs.
+        channels: 1 (grey) or 3 (RGB); files of other modes are converted.
+        size: height and width; files of other sizes are resized.
+        transform: applied to each uint8 image after resizing (training augmentation).
+        skip_unreadable: serve the next readable file in place of one that cannot be decoded
+            (named in a warning, once per worker) so a run never dies mid-epoch on a bad file
+            and every batch keeps its size; otherwise raise `UnreadableImage`.
+    """
+
+    def __init__(
+        self,
+        samples: list[tuple[Path, int]],
+        channels: int,
+        size: int,
+        transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        skip_unreadable: bool = True,
+    ):
+        self.samples = samples
+        self.channels, self.size = channels, size
+        self.transform = transform
+        self.skip_unreadable = skip_unreadable
+        self.reported: set[Path] = set()
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        for offset in range(len(self.samples)):
+            path, label = self.samples[(index + offset) % len(self.samples)]
+            try:
+                image = read_image(path, self.channels, self.size)
+            except UnreadableImage as error:
+                if not self.skip_unreadable:
+                    raise
+                if path not in self.reported:
+                    self.reported.add(path)
+                    log.warning("Skipped unreadable image %s", error)
+                continue
+            if self.transform is not None:
+                image = self.transform(image)
+            return image, label
+        raise RuntimeError(f"none of the {len(self.samples)} image files can be decoded")
+
+
+def readable(path: Path, channels: int) -> bool:
+    try:
+        decode_file(path, channels)
+    except UnreadableImage:
+        return False
+    return True
