@@ -131,7 +131,7 @@ def main() -> None:
         results = {
             "optuna_median": run_sweep("optuna_median", search + median, args, work),
             "optuna_nop": run_sweep(
-                "optuna_nop", [*search, "hparams_search/pruner=nop"], args.epochs, work
+                "optuna_nop", [*search, "hparams_search/pruner=nop"], args, work
             ),
             "basic": run_sweep("basic", basic, args, work),
         }
