@@ -92,7 +92,7 @@ def check_value_types(cfg: DictConfig) -> None:
     `int | None` takes a number or null, `float | Tensor` a number. Only annotations made of
     numbers, bools and None are checked, so that no value the target accepts is ever refused;
     the target's own validation does the rest. A key that another copies whole
-    (`T_max: ${trainer.max_epochs}`) must suit that one's target too.
+    (`image_shape: ${data.image_shape}`) must suit that one's target too.
     """
     if not HydraConfig.initialized():
         return
