@@ -10,9 +10,11 @@ weights), with the same optimizer, batch size and batches of the same in-memory 
 - plain: the loop everyone writes (`.to(device)`, forward, loss, backward, step);
 - lightning: the same step in a bare LightningModule, in a Trainer with no callbacks, logger,
   progress bar or checkpointing: the cost of Lightning's loop alone;
-- kindling: `kindling.modules.Classifier` through the Lightning Trainer that `train.py` builds,
-  with kindling's default callbacks (checkpoints, early stopping, progress bar, model summary,
-  learning-rate monitor, divergence check) and CSV logger.
+- kindling: `kindling.modules.Classifier` in the Trainer that `train.py` builds
+  (`kindling.train.build_trainer`): the default callbacks (checkpoints, early stopping, progress
+  bar, model summary, learning-rate monitor, divergence check, device report, plots), the four
+  that every run has (config and provenance in the checkpoint, random state, metrics kept on
+  resume, checkpoint on interrupt) and the CSV logger.
 
 The timed part is the training steps of an epoch: from the start of the epoch to its end (plain)
 or to the start of validation (Trainer), with the device synchronised before each clock read.
@@ -48,9 +50,9 @@ from meters import PER_STEP, make_meter
 from omegaconf import open_dict
 from torch.utils.data import DataLoader, TensorDataset
 
-import kindling.train  # noqa: F401 - registers kindling's config resolvers
 from kindling.data.image import ImageDataModule, Split
-from kindling.utils import instantiate_group
+from kindling.train import build_trainer  # also registers kindling's config resolvers
+from kindling.utils import provenance
 from kindling.utils.cuda import use_plain_cuda_check_without_gpu
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -207,9 +209,8 @@ def measure_against_plain(
     L.seed_everything(0, workers=True)
     if side == "kindling":
         module = instantiate(cfg.model, _convert_="all")
-        callbacks = [*instantiate_group(cfg.callbacks, "callbacks"), interleaved]
-        loggers = instantiate_group(cfg.logger, "logger")
-        trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers, _convert_="all")
+        # The Trainer `train.py` builds: configured and always-on callbacks, loggers.
+        trainer = build_trainer(cfg, provenance.collect(), extra_callbacks=[interleaved])
     else:
         module = BareModule(instantiate(cfg.model.net), instantiate(cfg.model.optimizer))
         trainer = L.Trainer(
@@ -345,6 +346,13 @@ def markdown_table(results: list[dict], sides: list[str], unit: str) -> list[str
         ]
         cells += [f"{row['kindling_over_lightning']:.3f}"] if both else []
         lines.append("| " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "Each side / plain is the median of the per-pair ratios (an epoch of the side over the "
+        "plain epoch next to it), with the quartiles of those ratios; per-step columns are "
+        "each side's median epoch, so dividing them gives a nearby but different number."
+        + (" kindling / lightning divides the two sides' median ratios." if both else ""),
+    ]
     return lines
 
 

@@ -35,7 +35,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from kindling.modules import Classifier
-from kindling.utils import instantiate_group
+from kindling.train import build_trainer
+from kindling.utils import provenance
 from kindling.utils.cuda import use_plain_cuda_check_without_gpu
 
 STEPS, BATCH, EPOCHS = 150, 128, 4
@@ -82,16 +83,15 @@ def measure_plain(meter) -> list[float]:
 
 def measure_lightning(meter, module: L.LightningModule, kindling_defaults: bool) -> list[float]:
     training_meter = TrainingMeter(meter)
-    callbacks, logger = [training_meter], False
-    bare = {"enable_checkpointing": False, "enable_progress_bar": False}
-    if kindling_defaults:
+    if kindling_defaults:  # the Trainer `train.py` builds, every callback and the CSV logger
         cfg = compose_kindling("cnn", "cpu", EPOCHS, Path(SCRATCH.name))
-        callbacks += instantiate_group(cfg.callbacks, "callbacks")
-        logger, bare = instantiate_group(cfg.logger, "logger"), {}
-    trainer = L.Trainer(
-        accelerator="cpu", max_epochs=EPOCHS, logger=logger, callbacks=callbacks,
-        num_sanity_val_steps=0, enable_model_summary=False, **bare,
-    )  # fmt: skip
+        trainer = build_trainer(cfg, provenance.collect(), extra_callbacks=[training_meter])
+    else:
+        trainer = L.Trainer(
+            accelerator="cpu", max_epochs=EPOCHS, logger=False, callbacks=[training_meter],
+            num_sanity_val_steps=0, enable_model_summary=False, enable_checkpointing=False,
+            enable_progress_bar=False,
+        )  # fmt: skip
     trainer.fit(module, *data())
     return training_meter.epochs
 

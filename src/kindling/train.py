@@ -4,7 +4,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -109,20 +109,10 @@ def train_and_test(cfg: DictConfig) -> float | None:
 
     datamodule: L.LightningDataModule = build(cfg.data, "data")
     model: L.LightningModule = build(cfg.model, "model")
-    loggers = instantiate_group(cfg.get("logger"), "logger")
-    config = OmegaConf.to_container(cfg, resolve=True)
-    callbacks = [
-        *instantiate_group(cfg.get("callbacks"), "callbacks"),
-        # Always on: what a checkpoint needs to be self-contained and resumable exactly.
-        ConfigInCheckpoint(config, run_provenance),
-        RestoreRandomState(),
-        ContinueMetrics(),
-        CheckpointOnInterrupt(),
-    ]
-    callbacks = _callbacks_the_trainer_runs(callbacks, cfg.trainer, has_logger=bool(loggers))
-    trainer: L.Trainer = build(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False)
+    trainer = build_trainer(cfg, run_provenance)
 
     rank_zero_info(f"Run folder: {cfg.paths.output_dir}")
+    config = OmegaConf.to_container(cfg, resolve=True)
     for logger in trainer.loggers:  # Lightning calls loggers on rank 0 only
         logger.log_hyperparams({**config, "provenance": provenance.summary(run_provenance)})
     provenance.tag(run_provenance, trainer.loggers)
@@ -140,6 +130,25 @@ def train_and_test(cfg: DictConfig) -> float | None:
     # A test-only run (train=false) has no validation metrics to return.
     name = cfg.get("optimized_metric") if cfg.get("train") else None
     return _optimized_metric(name, metrics)
+
+
+def build_trainer(
+    cfg: DictConfig, run_provenance: dict, extra_callbacks: Sequence[Callback] = ()
+) -> L.Trainer:
+    """The Trainer of `cfg.trainer` with the configured loggers and callbacks, and the callbacks
+    every run has. (The benchmarks build theirs here too, with a meter in `extra_callbacks`.)"""
+    loggers = instantiate_group(cfg.get("logger"), "logger")
+    callbacks = [
+        *instantiate_group(cfg.get("callbacks"), "callbacks"),
+        # Always on: what a checkpoint needs to be self-contained and resumable exactly.
+        ConfigInCheckpoint(OmegaConf.to_container(cfg, resolve=True), run_provenance),
+        RestoreRandomState(),
+        ContinueMetrics(),
+        CheckpointOnInterrupt(),
+        *extra_callbacks,
+    ]
+    callbacks = _callbacks_the_trainer_runs(callbacks, cfg.trainer, has_logger=bool(loggers))
+    return build(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False)
 
 
 def _check(cfg: DictConfig) -> str | None:
