@@ -14,10 +14,11 @@ git clone -q "$repo" "$folder/kindling"
 cd "$folder/kindling"
 
 timed() {  # timed <label> <command...>: run it, print "<label>: <seconds> s"
-    local label="$1" start=$SECONDS
+    local label="$1" start=$SECONDS status=0
     shift
-    "$@"
+    "$@" || status=$?
     echo "$label: $((SECONDS - start)) s" >&2
+    return "$status"
 }
 
 timed "1. install (pip install -e .)" bash -c 'python3 -m venv .venv && .venv/bin/pip install -q -e . >/dev/null'
