@@ -13,6 +13,7 @@ import torch
 from kindling.callbacks import CheckpointOnInterrupt
 
 from conftest import ROOT
+from processes import train_py_with
 
 QUIET = ["callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null"]
 TWO_CPUS = ["trainer.accelerator=cpu", "trainer.devices=2"]
@@ -39,16 +40,6 @@ class NaNOnRankOne(CNNClassifier):
                 out = out * torch.nan
         return out
 """
-
-
-def train_py_with(module_dir: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
-    """`python train.py <args>` with `module_dir` importable (ranks inherit the environment)."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(module_dir), env.get("PYTHONPATH")]))
-    return subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), *args],
-        cwd=cwd, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
 
 
 @pytest.mark.slow

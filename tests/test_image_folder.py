@@ -22,6 +22,7 @@ from kindling.train import run
 from kindling.utils.errors import UserError
 
 from conftest import ROOT
+from processes import train_py_with
 
 QUIET = ["callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null"]
 COLOURS = {"blue": (20, 40, 220), "green": (30, 200, 40), "red": (220, 30, 30)}
@@ -329,20 +330,63 @@ def test_trains_tests_from_the_checkpoint_and_predicts_class_names(
     assert rows and all(Path(r["file"]).parent.name == r["class"] for r in rows)
 
 
+SAMPLED_INDICES = """
+import json
+from pathlib import Path
+
+from lightning.pytorch.callbacks import Callback
+
+
+class SampledIndices(Callback):
+    # Writes the training-set indices this rank's sampler yields in epoch 0, and the set's size.
+    def on_train_epoch_start(self, trainer, pl_module):
+        loader = trainer.train_dataloader
+        record = {"indices": list(loader.sampler), "size": len(loader.dataset)}
+        Path(f"indices_rank{trainer.global_rank}.json").write_text(json.dumps(record))
+"""
+
+
 @pytest.mark.slow
 def test_two_processes_train_on_disjoint_shards(tmp_path: Path) -> None:
     root = make_folder(tmp_path / "images", per_class=8)
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), "data=image_folder", f"data.path={root}",
-         "data.image_size=8", "data.batch_size=4", "data.num_workers=1", "augment=trivial_augment",
-         "trainer.accelerator=cpu", "trainer.devices=2", "trainer.max_epochs=1", *QUIET],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+    (tmp_path / "sampled_indices.py").write_text(SAMPLED_INDICES)
+    result = train_py_with(
+        tmp_path, "data=image_folder", f"data.path={root}", "data.image_size=8",
+        "data.batch_size=4", "data.num_workers=1", "augment=trivial_augment",
+        "trainer.accelerator=cpu", "trainer.devices=2", "trainer.max_epochs=1",
+        "+callbacks.sampled._target_=sampled_indices.SampledIndices", *QUIET, cwd=tmp_path,
     )  # fmt: skip
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
     assert "Starting with 2 processes" in output
     metrics = next((tmp_path / "logs").rglob("metrics.csv")).read_text()
     assert "train/acc" in metrics
+    # Each rank draws its own half of the epoch; together they cover the training split (a
+    # DistributedSampler repeats one index when the split is odd, to even out the halves).
+    ranks = [json.loads((tmp_path / f"indices_rank{r}.json").read_text()) for r in (0, 1)]
+    size = ranks[0]["size"]
+    first, second = (set(rank["indices"]) for rank in ranks)
+    assert len(ranks[0]["indices"]) == len(ranks[1]["indices"]) == (size + 1) // 2
+    assert first | second == set(range(size))
+    assert len(first & second) == size % 2
+
+
+@pytest.mark.slow
+def test_a_multirun_trains_with_and_without_augmentation(tmp_path: Path) -> None:
+    root = make_folder(tmp_path / "images", per_class=4)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), "-m", "data=image_folder", f"data.path={root}",
+         "data.image_size=8", "data.batch_size=4", "data.num_workers=1", "augment=none,flip_crop",
+         "trainer=cpu", "trainer.max_epochs=1", *QUIET],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    runs = sorted((tmp_path / "logs").rglob("metrics.csv"))
+    assert len(runs) == 2
+    configs = [(path.parents[1] / ".hydra" / "config.yaml").read_text() for path in runs]
+    assert sum("RandomHorizontalFlip" in config for config in configs) == 1
+    for path in runs:
+        assert "test/acc" in path.read_text()
 
 
 def test_a_missing_data_path_names_the_key(compose_config) -> None:
