@@ -45,6 +45,7 @@ from kindling.utils import (
 from kindling.utils.config_tree import print_config_tree
 from kindling.utils.cuda import use_plain_cuda_check_without_gpu
 from kindling.utils.errors import find_user_error
+from kindling.utils.precision import best_precision
 from kindling.utils.warnings import ignore_unhelpful_warnings
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,10 @@ OmegaConf.register_new_resolver("job_device", hydra_ddp.job_device, replace=True
 # group pads crops by an eighth of the image size: `${div:${data.image_shape.1},8}`.
 OmegaConf.register_new_resolver("class_count", class_count, replace=True)
 OmegaConf.register_new_resolver("div", lambda a, b: int(a) // int(b), replace=True)
+# The GPU defaults of configs/trainer/default.yaml: the device's best precision,
+# `${best_precision:${trainer.accelerator}}`, and `benchmark: ${not:${trainer.deterministic}}`.
+OmegaConf.register_new_resolver("best_precision", best_precision, replace=True)
+OmegaConf.register_new_resolver("not", lambda value: not value, replace=True)
 
 
 def run(cfg: DictConfig) -> float | None:
