@@ -42,6 +42,7 @@ from kindling.utils import (
     resume,
     run_folder,
 )
+from kindling.utils.checkpoint import is_url
 from kindling.utils.config_tree import print_config_tree
 from kindling.utils.cuda import use_plain_cuda_check_without_gpu
 from kindling.utils.errors import find_user_error
@@ -201,10 +202,12 @@ def _in_multirun() -> bool:
 def _best_checkpoint(trainer: L.Trainer) -> str | None:
     """The best checkpoint of this fit, found again if its run folder was moved since."""
     callback = trainer.checkpoint_callback
-    best = Path(callback.best_model_path) if callback and callback.best_model_path else None
-    if best is None:
+    if not (callback and callback.best_model_path):
         rank_zero_warn("No best checkpoint was saved: testing the weights at the end of training.")
         return None
+    if is_url(callback.best_model_path):  # object storage: where it was written
+        return callback.best_model_path
+    best = Path(callback.best_model_path)
     if not best.is_file():  # a resumed run whose folder moved: same file name, new folder
         best = Path(callback.dirpath) / best.name
     return str(best)
