@@ -152,6 +152,7 @@ def _check(cfg: DictConfig) -> str | None:
     """Fail on bad input before any work; return the checkpoint file to start from, if any."""
     checks.check_value_types(cfg)
     checks.check_accelerator(cfg.trainer)
+    checks.check_launched_processes(cfg.trainer)
     if "batch_size" in cfg.data:
         per_device_batch_size(cfg.data.batch_size, checks.requested_world_size(cfg.trainer))
     runs_dir = Path(cfg.paths.log_dir) / cfg.task_name / "runs"
