@@ -20,3 +20,23 @@ class RecordSamples(Callback):
     def on_train_end(self, trainer: L.Trainer, pl_module) -> None:
         path = Path(trainer.default_root_dir) / f"samples_rank{trainer.global_rank}.json"
         path.write_text(json.dumps(self.digests))
+
+
+class CountGenerateCalls(Callback):
+    """How often each rank ran the module's `generate`, in `<run folder>/generate_rank<N>.json`."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def setup(self, trainer: L.Trainer, pl_module, stage: str) -> None:
+        generate = pl_module.generate
+
+        def counted(*args, **kwargs):
+            self.calls += 1
+            return generate(*args, **kwargs)
+
+        pl_module.generate = counted
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module) -> None:
+        path = Path(trainer.default_root_dir) / f"generate_rank{trainer.global_rank}.json"
+        path.write_text(json.dumps(self.calls))
