@@ -65,7 +65,11 @@ def test_num_nodes_that_torchrun_did_not_start_is_one_line(
 
 def test_num_nodes_that_srun_did_not_start_is_one_line(compose_config, monkeypatch) -> None:
     cfg = compose_config("trainer=ddp_cpu", "trainer.num_nodes=2")
-    for name, value in {"SLURM_NTASKS": "8", "SLURM_NNODES": "4", "SLURM_JOB_NAME": "train"}.items():
+    for name, value in {
+        "SLURM_NTASKS": "8",
+        "SLURM_NNODES": "4",
+        "SLURM_JOB_NAME": "train",
+    }.items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
     with pytest.raises(checks.UserError, match=r"Set trainer.num_nodes=4 trainer.devices=2\.$"):
@@ -124,20 +128,27 @@ def free_port() -> int:
 
 @pytest.mark.slow
 def test_two_nodes_of_torchrun_share_one_run_folder_and_split_the_data(tmp_path: Path) -> None:
-    """Two torchrun launches on this machine, `--nnodes=2`, one CPU process each (gloo)."""
+    """Two torchrun launches on this machine, `--nnodes=2`, one CPU process each (gloo).
+
+    The data is split by global rank, whatever the nodes: Lightning's DistributedSampler for
+    training (image folders too), kindling's for evaluation; so the digits stand for every
+    data set here (an image folder's two-process run is in test_image_folder.py)."""
     port = free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+    path = os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
+        "--master_addr=127.0.0.1", f"--master_port={port}", str(ROOT / "train.py"),
+        "trainer.accelerator=cpu", "trainer.devices=1", "trainer.num_nodes=2",
+        "trainer.max_epochs=1", "trainer.limit_train_batches=4", "trainer.limit_val_batches=2",
+        "trainer.limit_test_batches=2", "data.batch_size=32",
+        "+callbacks.record._target_=record_samples.RecordSamples", *QUIET,
+    ]  # fmt: skip
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True}
     nodes = [
         subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={rank}",
-             "--nproc_per_node=1", "--master_addr=127.0.0.1", f"--master_port={port}",
-             str(ROOT / "train.py"), "trainer.accelerator=cpu", "trainer.devices=1",
-             "trainer.num_nodes=2", "trainer.max_epochs=1", "trainer.limit_train_batches=4",
-             "trainer.limit_val_batches=2", "trainer.limit_test_batches=2", "data.batch_size=32",
-             "+callbacks.record._target_=record_samples.RecordSamples", *QUIET],
-            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )  # fmt: skip
+            [*command[:3], f"--node_rank={rank}", *command[3:]], cwd=tmp_path, env=env, **pipes
+        )
         for rank in (0, 1)
     ]
     outputs = [node.communicate(timeout=600)[0] for node in nodes]

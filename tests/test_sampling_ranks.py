@@ -4,13 +4,13 @@ FSDP each forward pass gathers weights from all ranks), one copy is printed and 
 import functools
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from test_language_models import TINY_CORPUS, tiny_experiment
 
 from kindling.data.text import Vocabulary
 from kindling.models import TransformerLanguageModel
@@ -18,8 +18,7 @@ from kindling.models.blocks import TransformerBlock
 from kindling.modules import LanguageModel
 from kindling.modules.language_model import SAMPLES_FILE, full_parameters
 
-from conftest import QUIET, train_py
-from test_language_models import TINY_CORPUS, tiny_experiment
+from conftest import train_py
 
 TESTS = Path(__file__).parent
 
@@ -67,10 +66,14 @@ def test_every_rank_samples_the_whole_model_under_fsdp(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_with_two_processes_every_rank_generates_and_one_prints(tmp_path: Path, monkeypatch) -> None:
+def test_with_two_processes_every_rank_generates_and_one_prints(
+    tmp_path: Path, monkeypatch
+) -> None:
     corpus = tmp_path / "tiny.txt"
     corpus.write_text(TINY_CORPUS, encoding="utf-8")
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])
+    )
     result = train_py(
         *tiny_experiment("transformer", corpus), "trainer.accelerator=cpu", "trainer.devices=2",
         "trainer.max_epochs=1", "trainer.limit_val_batches=2", "test=false",
