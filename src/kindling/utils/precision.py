@@ -18,7 +18,9 @@ def best_precision(accelerator: str) -> str:
     """
     if str(accelerator).lower() not in CUDA_ACCELERATORS or not torch.cuda.is_available():
         return "32-true"
-    if torch.cuda.is_bf16_supported(including_emulation=False):
+    if torch.version.hip:  # the AMD GPUs ROCm builds of torch run on have bfloat16
         return "bf16-mixed"
     major, _minor = torch.cuda.get_device_capability()
+    if major >= 8:  # native bfloat16 (torch.cuda.is_bf16_supported also counts emulated)
+        return "bf16-mixed"
     return "16-mixed" if major >= 7 else "32-true"
