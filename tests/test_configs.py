@@ -158,7 +158,7 @@ def test_common_trainer_arguments_are_listed_with_lightnings_defaults(compose_co
         **{f"enable_{part}": True for part in ["progress_bar", "model_summary", "checkpointing"]},
         "num_sanity_val_steps": 2,
     }
-    kindling_defaults = {"max_epochs", "min_epochs", "deterministic"}
+    kindling_defaults = {"max_epochs", "min_epochs", "deterministic", "benchmark"}
     for name, parameter in inspect.signature(L.Trainer).parameters.items():
         if name in COMMON_TRAINER_KEYS and name not in kindling_defaults:
             assert trainer[name] == spelled_out.get(name, parameter.default), name

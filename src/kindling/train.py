@@ -42,9 +42,11 @@ from kindling.utils import (
     resume,
     run_folder,
 )
+from kindling.utils.checkpoint import is_url
 from kindling.utils.config_tree import print_config_tree
 from kindling.utils.cuda import use_plain_cuda_check_without_gpu
 from kindling.utils.errors import find_user_error
+from kindling.utils.precision import best_precision
 from kindling.utils.warnings import ignore_unhelpful_warnings
 
 log = logging.getLogger(__name__)
@@ -62,6 +64,10 @@ OmegaConf.register_new_resolver("job_device", hydra_ddp.job_device, replace=True
 # group pads crops by an eighth of the image size: `${div:${data.image_shape.1},8}`.
 OmegaConf.register_new_resolver("class_count", class_count, replace=True)
 OmegaConf.register_new_resolver("div", lambda a, b: int(a) // int(b), replace=True)
+# The GPU defaults of configs/trainer/default.yaml: the device's best precision,
+# `${best_precision:${trainer.accelerator}}`, and `benchmark: ${not:${trainer.deterministic}}`.
+OmegaConf.register_new_resolver("best_precision", best_precision, replace=True)
+OmegaConf.register_new_resolver("not", lambda value: not value, replace=True)
 
 
 def run(cfg: DictConfig) -> float | None:
@@ -155,6 +161,7 @@ def _check(cfg: DictConfig) -> str | None:
     """Fail on bad input before any work; return the checkpoint file to start from, if any."""
     checks.check_value_types(cfg)
     checks.check_accelerator(cfg.trainer)
+    checks.check_launched_processes(cfg.trainer)
     if "batch_size" in cfg.data:
         per_device_batch_size(cfg.data.batch_size, checks.requested_world_size(cfg.trainer))
     runs_dir = Path(cfg.paths.log_dir) / cfg.task_name / "runs"
@@ -205,10 +212,12 @@ def _in_multirun() -> bool:
 def _best_checkpoint(trainer: L.Trainer) -> str | None:
     """The best checkpoint of this fit, found again if its run folder was moved since."""
     callback = trainer.checkpoint_callback
-    best = Path(callback.best_model_path) if callback and callback.best_model_path else None
-    if best is None:
+    if not (callback and callback.best_model_path):
         rank_zero_warn("No best checkpoint was saved: testing the weights at the end of training.")
         return None
+    if is_url(callback.best_model_path):  # object storage: where it was written
+        return callback.best_model_path
+    best = Path(callback.best_model_path)
     if not best.is_file():  # a resumed run whose folder moved: same file name, new folder
         best = Path(callback.dirpath) / best.name
     return str(best)

@@ -4,6 +4,7 @@ from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.trainer.states import TrainerFn
 
 
 class ContinueMetrics(Callback):
@@ -11,11 +12,15 @@ class ContinueMetrics(Callback):
     (`continue_after`, e.g. `kindling.loggers.ResumableCSVLogger`) where the checkpoint was saved.
 
     Lightning calls this for every way of resuming: `ckpt_path=` and SLURM's requeue alike.
+    Loading a checkpoint to test it (the best one, which may be older than the run's last epoch)
+    continues nothing.
     """
 
     def on_load_checkpoint(
         self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
+        if trainer.state.fn != TrainerFn.FITTING:
+            return
         for logger in trainer.loggers:
             if hasattr(logger, "continue_after"):
                 logger.continue_after(checkpoint["epoch"], checkpoint["global_step"])

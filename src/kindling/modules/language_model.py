@@ -1,6 +1,7 @@
 """Language modelling around any net that maps token ids `(B, T)` to logits `(B, T, vocab_size)`."""
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -22,14 +23,26 @@ Batch = tuple[torch.Tensor, torch.Tensor]  # input ids (B, T), target ids (B, T)
 SAMPLES_FILE = "samples.txt"
 
 
+def full_parameters(model: nn.Module) -> AbstractContextManager:
+    """A context in which every rank holds all of `model`'s weights: gathered from the ranks when
+    FSDP shards them (every rank must enter it), else as they are."""
+    if torch.distributed.is_available():  # not in every build of torch
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        if isinstance(model, FullyShardedDataParallel):
+            return FullyShardedDataParallel.summon_full_params(model, writeback=False)
+    return nullcontext()
+
+
 class LanguageModel(L.LightningModule):
     """Next-token cross-entropy over every position, perplexity, and text samples while training.
 
     Logs `train/loss`, `val/loss`, `test/loss` (mean cross-entropy per token, torchmetrics
     objects updated each step and logged once per epoch) and `val/ppl`, `test/ppl` (their exp).
     At the end of each validation epoch it samples `sample_length` characters after
-    `sample_prompt`, prints them (rank 0), appends them to `samples.txt` in the run folder and
-    sends them to TensorBoard when that logger is on.
+    `sample_prompt` (every rank, with the whole model: under FSDP its shards are gathered), prints
+    them (rank 0), appends them to `samples.txt` in the run folder and sends them to TensorBoard
+    when that logger is on.
 
     The net is built once the vocabulary is known (`configure_model`, from the data module's
     `vocabulary`), so its size never has to be written in a config. The vocabulary is kept as a
@@ -166,16 +179,20 @@ class LanguageModel(L.LightningModule):
 
     def on_validation_epoch_end(self) -> None:
         self._log_loss_and_perplexity("val", self.val_loss, prog_bar=True)
-        # Rank 0 only: sampling is local (no collective calls), and one copy is enough to read.
-        if self.hparams.sample_length <= 0 or not self.trainer.is_global_zero:
+        if self.hparams.sample_length <= 0:
             return
-        text = self.sample(
-            self.hparams.sample_prompt,
-            self.hparams.sample_length,
-            self.hparams.sample_temperature,
-            self.hparams.sample_top_k,
-            self.hparams.sample_seed,
-        )
+        # Every rank samples, the same text: under FSDP the weights are gathered from all ranks
+        # (a rank sampling alone would wait for the others forever). Rank 0 prints it.
+        with full_parameters(self.trainer.strategy.model):
+            text = self.sample(
+                self.hparams.sample_prompt,
+                self.hparams.sample_length,
+                self.hparams.sample_temperature,
+                self.hparams.sample_top_k,
+                self.hparams.sample_seed,
+            )
+        if not self.trainer.is_global_zero:
+            return
         when = "before training" if self.trainer.sanity_checking else f"epoch {self.current_epoch}"
         heading = f"Sample at step {self.global_step} ({when})"
         self.print(f"\n{heading}:\n{text}\n")

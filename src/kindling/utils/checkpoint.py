@@ -15,14 +15,32 @@ from lightning.fabric.plugins import TorchCheckpointIO
 from kindling.utils.errors import UserError
 
 
+def is_url(path: str | Path) -> bool:
+    """Whether `path` is in object storage (`s3://`, `gs://`, `memory://`): an fsspec URL of
+    another file system than the local one (`file://` is local)."""
+    return fsspec.utils.get_protocol(str(path)) not in ("file", "local")
+
+
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
-    """`torch.load` a checkpoint safely (`weights_only=True`) onto the CPU, with clear errors."""
-    path = Path(path)
-    if not path.is_file():
+    """`torch.load` a checkpoint safely (`weights_only=True`) onto the CPU, with clear errors.
+
+    `path` is a file, or an fsspec URL (`s3://bucket/run/last.ckpt`; its file system's package,
+    such as s3fs or gcsfs, must be installed).
+    """
+    try:
+        fs, inner = fsspec.core.url_to_fs(str(path))
+    except (ImportError, ValueError) as error:  # a protocol without its package, or unknown
+        raise UserError(f"Cannot read {path}: {error}. Check ckpt_path.") from None
+    local = isinstance(fs, LocalFileSystem)
+    if not (Path(inner).is_file() if local else fs.isfile(inner)):
         raise UserError(f"Checkpoint {path} does not exist. Check ckpt_path.")
     try:
-        # mmap: reading a large checkpoint to check it costs next to nothing.
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        if local:
+            # mmap: reading a large checkpoint to check it costs next to nothing.
+            checkpoint = torch.load(inner, map_location="cpu", weights_only=True, mmap=True)
+        else:
+            with fs.open(inner, "rb") as file:
+                checkpoint = torch.load(file, map_location="cpu", weights_only=True)
     except Exception as error:
         raise UserError(
             f"{path} is not a readable checkpoint ({error}). Check ckpt_path."
@@ -59,7 +77,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     a folder is atomic. Lightning's own writer stages the file in the system's temp folder and
     moves it, which is a copy (not atomic) when the checkpoints live on another file system, and
     needs room for the whole checkpoint in `/tmp`. Object-store URLs (`s3://...`) go to
-    Lightning's writer: one upload, which the store makes visible whole.
+    Lightning's writer: one upload, which the store makes visible whole, so a reader never sees
+    half a checkpoint there either.
     """
 
     def save_checkpoint(

@@ -8,6 +8,7 @@ from types import NoneType, UnionType
 
 import torch
 from hydra.core.hydra_config import HydraConfig
+from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
 from omegaconf import DictConfig, OmegaConf
 
 from kindling.utils.checkpoint import read_checkpoint
@@ -61,6 +62,43 @@ def check_accelerator(trainer: DictConfig) -> None:
             )
     if accelerator == "mps" and not torch.backends.mps.is_available():
         raise UserError("trainer.accelerator=mps but MPS is not available. Use trainer=cpu.")
+
+
+def launched_processes() -> tuple[str, int, int] | None:
+    """(launcher, nodes, processes per node) that torchrun or srun started; None for neither.
+
+    Lightning joins the processes these launchers start rather than starting its own (and looks
+    for SLURM first, as here).
+    """
+    env = os.environ
+    if SLURMEnvironment.detect():
+        nodes = int(env.get("SLURM_NNODES", "1"))
+        return "srun", nodes, int(env["SLURM_NTASKS"]) // nodes
+    if TorchElasticEnvironment.detect():
+        nodes = int(env.get("GROUP_WORLD_SIZE", "1"))
+        return "torchrun", nodes, int(env["LOCAL_WORLD_SIZE"])
+    return None
+
+
+def check_launched_processes(trainer: DictConfig) -> None:
+    """`trainer.num_nodes` and `trainer.devices` say how many processes torchrun or srun started.
+
+    Otherwise the ranks wait for processes that never come, or Lightning stops once the data and
+    model are built, with a message about its own arguments.
+    """
+    launched = launched_processes()
+    if launched is None:
+        return
+    launcher, nodes, per_node = launched
+    num_nodes = int(trainer.get("num_nodes", 1))
+    devices = requested_world_size(trainer) // num_nodes
+    if (num_nodes, devices) != (nodes, per_node):
+        raise UserError(
+            f"trainer.num_nodes={num_nodes} and trainer.devices={trainer.get('devices')} ask for "
+            f"{num_nodes} x {devices} processes, but {launcher} started {nodes} x {per_node} "
+            f"(nodes x processes per node). Set trainer.num_nodes={nodes} "
+            f"trainer.devices={per_node}."
+        )
 
 
 def check_checkpoint(path: Path, model: DictConfig) -> None:

@@ -8,7 +8,8 @@ outside and never starts them.
 
 `child_rank_command` starts each extra rank as a single run of this job: the job's own overrides
 (never the sweep), the job's own folder, no config of its own written. `job_environment`
-restores the environment and tears down the process group after every job.
+restores the environment and tears down the process group after every job, and removes the
+handshake files of a torchrun or srun launch (`run_folder.py`) once all its ranks have met.
 """
 
 import os
@@ -20,7 +21,7 @@ import torch.distributed
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import get_original_cwd, to_absolute_path
 
-from kindling.utils import lightning_patches
+from kindling.utils import lightning_patches, run_folder
 
 # What Lightning's launcher writes into os.environ of the launching process.
 _LAUNCHER_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")
@@ -63,7 +64,11 @@ def job_environment() -> Iterator[None]:
     try:
         yield
     finally:
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
+        joined = torch.distributed.is_available() and torch.distributed.is_initialized()
+        if joined or os.environ.get("WORLD_SIZE", "1") == "1":
+            # Every rank of this launch has read the run folder's handshake: rank 0 removes it.
+            run_folder.release_handshakes()
+        if joined:
             torch.distributed.destroy_process_group()
         for name, value in saved.items():
             if value is None:

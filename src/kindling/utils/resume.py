@@ -6,6 +6,7 @@ from typing import Any
 from hydra.core.hydra_config import HydraConfig
 
 from kindling.utils import run_folder
+from kindling.utils.checkpoint import is_url
 from kindling.utils.errors import UserError
 
 
@@ -15,8 +16,9 @@ def find_last_checkpoint(runs_dir: str | Path) -> Path | None:
     return max(candidates, key=lambda path: path.stat().st_mtime, default=None)
 
 
-def resolve_checkpoint(ckpt_path: str | None, runs_dir: str | Path) -> Path | None:
-    """`ckpt_path` as a file: `last` is the newest last.ckpt of this task's runs."""
+def resolve_checkpoint(ckpt_path: str | None, runs_dir: str | Path) -> Path | str | None:
+    """`ckpt_path` as a file: `last` is the newest last.ckpt of this task's runs. A URL in object
+    storage (`s3://...`) stays a string, which fsspec and Lightning read."""
     if ckpt_path is None:
         return None
     if ckpt_path == "last":
@@ -27,7 +29,7 @@ def resolve_checkpoint(ckpt_path: str | None, runs_dir: str | Path) -> Path | No
                 "Give the checkpoint file with ckpt_path=<path>."
             )
         return last
-    return Path(ckpt_path)
+    return ckpt_path if is_url(ckpt_path) else Path(ckpt_path)
 
 
 def checkpoint_run_folder(checkpoint: Path) -> Path | None:
@@ -41,7 +43,8 @@ def resume_folder(root: Any) -> Path | None:
     """The run folder that a resumed training run continues in, or None for a new folder.
 
     Resuming training (`ckpt_path` set, `train=true`) continues in the checkpoint's run folder,
-    so logs and checkpoints stay together, unless `resume_in_new_folder=true`.
+    so logs and checkpoints stay together, unless `resume_in_new_folder=true`. A checkpoint in
+    object storage has no local run folder: the run continues in a new one.
     """
     if not (root.get("ckpt_path") and root.get("train")) or root.get("resume_in_new_folder"):
         return None
@@ -50,7 +53,9 @@ def resume_folder(root: Any) -> Path | None:
         checkpoint = resolve_checkpoint(root.ckpt_path, runs_dir)
     except UserError:
         return None  # kindling.train reports it, with the rest of the checks
-    return checkpoint_run_folder(checkpoint) if checkpoint.is_file() else None
+    if isinstance(checkpoint, str) or not checkpoint.is_file():
+        return None
+    return checkpoint_run_folder(checkpoint)
 
 
 def run_dir(log_dir: str, task_name: str, *, _root_: Any) -> str:

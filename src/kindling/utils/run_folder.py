@@ -9,7 +9,9 @@ the folder their rank 0 claimed:
 - `torchrun` and `srun` start every rank as a separate `python train.py`: rank 0 claims the folder
   and writes its path into `<log_dir>/.launches/<launch id>`, where the other ranks read it. The
   launch id is made of what the launcher gives every rank of this launch and no other launch
-  (`launch_id`), so a file left by an earlier launch never names a later run's folder.
+  (`launch_id`), so a file left by an earlier launch never names a later run's folder. A multirun
+  shares its sweep folder the same way. Rank 0 removes the file once every rank has joined the
+  process group (so has read it: `release_handshakes`), and files a day old when it writes one.
 - Under SLURM the folder is named after the job, `slurm-<job id>[_<array task>][.<step>]`, and a
   requeued job (same job, a higher SLURM_RESTART_COUNT, the same command line) takes its folder
   back, with the `hpc_ckpt_*.ckpt` Lightning saved there before the job was stopped. Other runs in
@@ -24,16 +26,21 @@ import socket
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
 # Where rank 0 of a torchrun or srun launch leaves the path of its run folder for the other ranks.
 LAUNCHES_DIR = ".launches"
+# A handshake this old is left by a launch that failed before its ranks met: no rank still waits.
+STALE_HANDSHAKE_S = 24 * 3600
 # Inside a SLURM run folder: who owns it (command line, and one entry per restart of the job).
 SLURM_OWNER_DIR = ".slurm"
 
 # Folders this process claimed, so that resolving the same config key twice claims once.
 _claimed: dict[tuple[str, str], Path] = {}
+# The handshake files this process (rank 0 of its launch) wrote.
+_published: list[Path] = []
 
 
 def run_stamp() -> str:
@@ -146,23 +153,62 @@ def run_folder(log_dir: str, task_name: str, timeout_s: float = 120.0) -> Path:
     Rank 0 claims it (the name is the SLURM job's, or the date and time); the other ranks of a
     torchrun or srun launch wait for rank 0 to name it. Claimed once per process.
     """
-    key = (log_dir, task_name)
+
+    def claim() -> Path:
+        runs = Path(log_dir) / task_name / "runs"
+        name = slurm_name()
+        return claim_slurm_folder(runs, name) if name else claim_folder(runs, run_stamp())
+
+    return _claim_once(log_dir, task_name, "", claim, timeout_s)
+
+
+def sweep_folder(log_dir: str, task_name: str, timeout_s: float = 120.0) -> str:
+    """The folder of a new multirun, `<log_dir>/<task_name>/multiruns/<date>_<time>`: its jobs
+    are its numbered sub-folders. Shared by the ranks of a launch, as `run_folder` is."""
+
+    def claim() -> Path:
+        return claim_folder(Path(log_dir) / task_name / "multiruns", run_stamp())
+
+    return str(_claim_once(log_dir, f"{task_name}/multiruns", "-multirun", claim, timeout_s))
+
+
+def _claim_once(
+    log_dir: str, what: str, suffix: str, claim: Callable[[], Path], timeout_s: float
+) -> Path:
+    """`claim()` in rank 0 of a launch, whose other ranks read the result from a handshake."""
+    key = (log_dir, what)
     if key not in _claimed:
         launch = launch_id()
-        handshake = Path(log_dir) / LAUNCHES_DIR / launch if launch else None
+        handshake = Path(log_dir) / LAUNCHES_DIR / f"{launch}{suffix}" if launch else None
         if handshake is not None and launch_rank() != 0:
             _claimed[key] = Path(_wait_for(handshake, timeout_s))
         else:
-            runs = Path(log_dir) / task_name / "runs"
-            name = slurm_name()
-            folder = claim_slurm_folder(runs, name) if name else claim_folder(runs, run_stamp())
+            folder = claim()
             if handshake is not None:
-                handshake.parent.mkdir(parents=True, exist_ok=True)
-                partial = handshake.with_name(f"{handshake.name}.{uuid.uuid4().hex}")
-                partial.write_text(str(folder))
-                partial.replace(handshake)  # atomic: readers never see half a path
+                _publish_handshake(handshake, folder)
             _claimed[key] = folder
     return _claimed[key]
+
+
+def _publish_handshake(handshake: Path, folder: Path) -> None:
+    handshake.parent.mkdir(parents=True, exist_ok=True)
+    partial = handshake.with_name(f"{handshake.name}.{uuid.uuid4().hex}")
+    partial.write_text(str(folder))
+    partial.replace(handshake)  # atomic: readers never see half a path
+    _published.append(handshake)
+    for old in handshake.parent.iterdir():
+        try:
+            if time.time() - old.stat().st_mtime > STALE_HANDSHAKE_S:
+                old.unlink()
+        except FileNotFoundError:  # another launch removed it first
+            pass
+
+
+def release_handshakes() -> None:
+    """Remove the handshake files this process wrote. Call it once every rank has read them:
+    when the ranks have met in the process group, or in a launch of one process."""
+    while _published:
+        _published.pop().unlink(missing_ok=True)
 
 
 def _wait_for(handshake: Path, timeout_s: float) -> str:
@@ -172,12 +218,3 @@ def _wait_for(handshake: Path, timeout_s: float) -> str:
             raise TimeoutError(f"rank 0 did not write {handshake} within {timeout_s} s")
         time.sleep(0.05)
     return handshake.read_text()
-
-
-def sweep_folder(log_dir: str, task_name: str) -> str:
-    """The folder of a new multirun, `<log_dir>/<task_name>/multiruns/<date>_<time>`: its jobs
-    are its numbered sub-folders."""
-    key = (log_dir, f"{task_name}/multiruns")
-    if key not in _claimed:
-        _claimed[key] = claim_folder(Path(log_dir) / task_name / "multiruns", run_stamp())
-    return str(_claimed[key])

@@ -1,0 +1,170 @@
+"""Several nodes: torchrun and SLURM launches that must agree with `trainer.num_nodes`, and the
+run folder all the ranks of a launch share."""
+
+import csv
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import open_dict
+
+from kindling.train import run
+from kindling.utils import checks, hydra_ddp, run_folder
+
+from conftest import CONFIG_DIR, QUIET, ROOT
+
+TESTS = Path(__file__).parent
+
+
+def torchrun_env(monkeypatch, *, nodes: int, per_node: int, rank: int = 0) -> None:
+    """What torchrun gives a worker of a launch of `nodes` x `per_node` processes."""
+    for name in ("SLURM_NTASKS", "SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID"):
+        monkeypatch.delenv(name, raising=False)
+    env = {
+        "TORCHELASTIC_RUN_ID": "none",
+        "TORCHELASTIC_RESTART_COUNT": "0",
+        "GROUP_WORLD_SIZE": str(nodes),
+        "LOCAL_WORLD_SIZE": str(per_node),
+        "WORLD_SIZE": str(nodes * per_node),
+        "RANK": str(rank),
+        "GROUP_RANK": str(rank // per_node),
+        "LOCAL_RANK": str(rank % per_node),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29500",
+    }
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+
+
+def test_num_nodes_that_torchrun_did_not_start_is_one_line(
+    compose_config, tmp_path: Path, monkeypatch, caplog
+) -> None:
+    cfg = compose_config("trainer=cpu", *QUIET)
+    torchrun_env(monkeypatch, nodes=2, per_node=1)
+    with pytest.raises(SystemExit) as stop:
+        run(cfg)
+    assert stop.value.code == 1
+    (message,) = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert message == (
+        "trainer.num_nodes=1 and trainer.devices=1 ask for 1 x 1 processes, but torchrun started "
+        "2 x 1 (nodes x processes per node). Set trainer.num_nodes=2 trainer.devices=1."
+    )
+    assert not (tmp_path / "run" / "checkpoints").exists()  # stopped before any work
+    # What torchrun started, asked for: no error.
+    with open_dict(cfg):
+        cfg.trainer.num_nodes = 2
+    checks.check_launched_processes(cfg.trainer)
+
+
+def test_num_nodes_that_srun_did_not_start_is_one_line(compose_config, monkeypatch) -> None:
+    cfg = compose_config("trainer=ddp_cpu", "trainer.num_nodes=2")
+    for name, value in {
+        "SLURM_NTASKS": "8",
+        "SLURM_NNODES": "4",
+        "SLURM_JOB_NAME": "train",
+    }.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    with pytest.raises(checks.UserError, match=r"Set trainer.num_nodes=4 trainer.devices=2\.$"):
+        checks.check_launched_processes(cfg.trainer)
+    monkeypatch.setenv("SLURM_NNODES", "2")
+    with pytest.raises(checks.UserError, match=r"srun started 2 x 4 .* trainer.devices=4\.$"):
+        checks.check_launched_processes(cfg.trainer)
+    monkeypatch.setenv("SLURM_NTASKS", "4")
+    checks.check_launched_processes(cfg.trainer)
+
+
+def test_the_slurm_launcher_asks_for_the_trainers_nodes_and_devices() -> None:
+    """A multirun on SLURM (`-m hydra/launcher=slurm`) asks each job's allocation for
+    `trainer.num_nodes` nodes of `trainer.devices` tasks and GPUs."""
+    GlobalHydra.instance().clear()
+    overrides = ["hydra/launcher=slurm", "trainer=ddp", "trainer.num_nodes=3", "trainer.devices=4"]
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=overrides, return_hydra_config=True)
+    GlobalHydra.instance().clear()
+    launcher = cfg.hydra.launcher
+    assert (launcher.nodes, launcher.tasks_per_node, launcher.gpus_per_node) == (3, 4, 4)
+
+
+def test_rank_0_removes_the_handshake_once_the_ranks_have_met(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(run_folder, "_claimed", {})
+    launches = tmp_path / run_folder.LAUNCHES_DIR
+    launches.mkdir()
+    stale, recent = launches / "torchrun-old", launches / "torchrun-recent"
+    for path in (stale, recent):
+        path.write_text("somewhere")
+    two_days_ago = time.time() - 2 * 24 * 3600
+    os.utime(stale, (two_days_ago, two_days_ago))
+
+    torchrun_env(monkeypatch, nodes=2, per_node=1, rank=0)
+    folder = run_folder.run_folder(str(tmp_path), "train")
+    sweep = run_folder.sweep_folder(str(tmp_path), "train")
+    written = sorted(p.name for p in launches.iterdir())
+    assert len(written) == 3 and "torchrun-recent" in written  # the stale one went
+    # The other node's rank reads both, then the ranks meet and the job ends.
+    monkeypatch.setattr(run_folder, "_claimed", {})
+    torchrun_env(monkeypatch, nodes=2, per_node=1, rank=1)
+    assert run_folder.run_folder(str(tmp_path), "train") == folder
+    assert run_folder.sweep_folder(str(tmp_path), "train") == sweep
+    monkeypatch.setattr("torch.distributed.is_initialized", lambda: True)
+    monkeypatch.setattr("torch.distributed.destroy_process_group", lambda: None)
+    with hydra_ddp.job_environment():
+        pass
+    assert [p.name for p in launches.iterdir()] == ["torchrun-recent"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_nodes_of_torchrun_share_one_run_folder_and_split_the_data(tmp_path: Path) -> None:
+    """Two torchrun launches on this machine, `--nnodes=2`, one CPU process each (gloo).
+
+    The data is split by global rank, whatever the nodes: Lightning's DistributedSampler for
+    training (image folders too), kindling's for evaluation; so the digits stand for every
+    data set here (an image folder's two-process run is in test_image_folder.py)."""
+    port = free_port()
+    path = os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
+        "--master_addr=127.0.0.1", f"--master_port={port}", str(ROOT / "train.py"),
+        "trainer.accelerator=cpu", "trainer.devices=1", "trainer.num_nodes=2",
+        "trainer.max_epochs=1", "trainer.limit_train_batches=4", "trainer.limit_val_batches=2",
+        "trainer.limit_test_batches=2", "data.batch_size=32",
+        "+callbacks.record._target_=record_samples.RecordSamples", *QUIET,
+    ]  # fmt: skip
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True}
+    nodes = [
+        subprocess.Popen(
+            [*command[:3], f"--node_rank={rank}", *command[3:]], cwd=tmp_path, env=env, **pipes
+        )
+        for rank in (0, 1)
+    ]
+    outputs = [node.communicate(timeout=600)[0] for node in nodes]
+    for node, output in zip(nodes, outputs, strict=True):
+        assert node.returncode == 0, output[-4000:]
+
+    (run_dir,) = (tmp_path / "logs" / "train" / "runs").iterdir()
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [
+        "epoch_000.ckpt", "last.ckpt"
+    ]  # fmt: skip
+    with open(run_dir / "csv" / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    for metric in ("train/loss", "val/loss", "test/acc"):  # one row each: logged once
+        assert len([r for r in rows if r[metric]]) == 1, metric
+    # Each node trained on its own half of every batch: 4 steps x 16 images, none shared.
+    seen = [set(json.loads((run_dir / f"samples_rank{r}.json").read_text())) for r in (0, 1)]
+    assert len(seen[0]) == len(seen[1]) == 64
+    assert not seen[0] & seen[1]
+    assert list((tmp_path / "logs" / run_folder.LAUNCHES_DIR).iterdir()) == []
