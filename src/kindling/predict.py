@@ -31,6 +31,7 @@ from kindling.data.image_files import UnreadableImage, read_image
 from kindling.data.normalize import to_model_input
 from kindling.utils.checkpoint import load_module
 from kindling.utils.errors import UserError
+from kindling.utils.precision import best_precision
 
 log = logging.getLogger("kindling")
 
@@ -120,8 +121,9 @@ def predict(args: PredictArgs) -> Path:
         raise UserError(f"{args.ckpt_path} has no image statistics: retrain with this version.")
     class_names = state.get("classes")
     trainer = L.Trainer(
-        accelerator=args.accelerator, devices=1, logger=False, enable_progress_bar=False
-    )
+        accelerator=args.accelerator, devices=1, precision=best_precision(args.accelerator),
+        logger=False, enable_progress_bar=False,
+    )  # fmt: skip
     if args.input in ("test", "val"):
         names, rows = _predict_split(trainer, module, data_cfg, state, args)
         unreadable: list[str] = []
