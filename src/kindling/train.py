@@ -31,6 +31,7 @@ from kindling.callbacks import (
 )
 from kindling.data.batched import per_device_batch_size
 from kindling.data.folder import class_count
+from kindling.data.prepared import prepared_value
 from kindling.utils import (
     UserError,
     build,
@@ -62,6 +63,8 @@ OmegaConf.register_new_resolver("job_device", hydra_ddp.job_device, replace=True
 # group pads crops by an eighth of the image size: `${div:${data.image_shape.1},8}`.
 OmegaConf.register_new_resolver("class_count", class_count, replace=True)
 OmegaConf.register_new_resolver("div", lambda a, b: int(a) // int(b), replace=True)
+# data=streaming reads its classes and image shape from the prepared copy.
+OmegaConf.register_new_resolver("prepared", prepared_value, replace=True)
 
 
 def run(cfg: DictConfig) -> float | None:
