@@ -11,6 +11,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
+from omegaconf import open_dict
 from PIL import Image
 from torchvision.transforms import v2
 
@@ -250,3 +251,58 @@ def test_checkpoints_hold_the_class_names_and_statistics(prepared: Path, compose
     state = checkpoint["StreamingDataModule"]
     assert state["classes"] == ["even", "odd"]
     assert state["mean"].flatten().tolist() == pytest.approx(read_metadata(str(prepared))["mean"])
+
+
+def train_streaming(compose_config, prepared: Path, folder: Path, *overrides: str, **callbacks):
+    """A 2-epoch run on the prepared copy, in `folder`; what `run` returns is the last val/loss."""
+    cfg = compose_config(
+        "data=streaming", f"data.input_dir={prepared}", "data.batch_size=4",
+        "trainer=cpu", "trainer.max_epochs=2", "trainer.deterministic=true",
+        "optimized_metric=val/loss", "test=false", "logger=none", *QUIET,
+        "callbacks.model_checkpoint.save_top_k=-1",  # last.ckpt every epoch, improved or not
+        *overrides,
+    )  # fmt: skip
+    with open_dict(cfg):
+        cfg.paths.output_dir = str(folder)
+        cfg.callbacks.update(callbacks)
+    return run(cfg)
+
+
+def weights(checkpoint: Path) -> dict[str, torch.Tensor]:
+    return torch.load(checkpoint, weights_only=True)["state_dict"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "workers, schedule",
+    [
+        # The cosine schedule reads trainer.estimated_stepping_batches, which makes the train
+        # loader before the checkpoint's loop state is loaded; with and without workers.
+        (0, []),
+        (2, ["model.scheduler=null"]),
+    ],
+)
+def test_a_run_resumed_mid_epoch_ends_as_the_uninterrupted_one(
+    prepared: Path, compose_config, tmp_path: Path, workers: int, schedule: list[str]
+) -> None:
+    """9 batches an epoch: resumed from step 12 (3 into the second epoch), the run reads the
+    6 batches left, in order, and ends with the same weights and val/loss."""
+    steps = {
+        "_target_": "lightning.pytorch.callbacks.ModelCheckpoint",
+        "dirpath": str(tmp_path / "steps"),
+        "filename": "step_{step}",
+        "every_n_train_steps": 4,
+        "save_top_k": -1,
+        "auto_insert_metric_name": False,
+    }
+    overrides = [f"data.num_workers={workers}", "augment=flip_crop", *schedule]
+    whole = train_streaming(compose_config, prepared, tmp_path / "whole", *overrides, steps=steps)
+    resumed = train_streaming(
+        compose_config, prepared, tmp_path / "resumed", *overrides,
+        f"ckpt_path={tmp_path / 'steps' / 'step_12.ckpt'}", "resume_in_new_folder=true",
+    )  # fmt: skip
+    assert resumed == pytest.approx(whole, abs=1e-6)
+    first = weights(tmp_path / "whole" / "checkpoints" / "last.ckpt")
+    second = weights(tmp_path / "resumed" / "checkpoints" / "last.ckpt")
+    for name, value in first.items():
+        torch.testing.assert_close(second[name], value, rtol=0, atol=1e-6)

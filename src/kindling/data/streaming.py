@@ -183,6 +183,10 @@ class StreamingDataModule(BatchedDataModule):
             # Training: every process the same number of samples (no process waits at the end
             # of an epoch). Evaluation: every sample once.
             drop_last=drop_last,
+            # Each new iterator draws its workers' base seed from this generator, not from the
+            # process's: a resumed run makes an iterator the uninterrupted one did not, and its
+            # dropout masks would differ. (Samples are augmented with seeds of their own.)
+            generator=torch.Generator(),
         )
 
     def train_dataloader(self) -> StreamingDataLoader:
