@@ -4,13 +4,17 @@ import json
 import logging
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
+import lightning as L
 import numpy as np
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
+from lightning.pytorch.callbacks import Callback
 from omegaconf import open_dict
 from PIL import Image
 from torchvision.transforms import v2
@@ -21,15 +25,15 @@ from kindling.prepare import prepare
 from kindling.train import run
 from kindling.utils.errors import UserError
 
-from conftest import CONFIG_DIR, QUIET
+from conftest import CONFIG_DIR, QUIET, ROOT
 
-IMAGES = 48  # image i is grey, every pixel STEP * i: a batch says which samples it holds
-STEP = 5
+IMAGES = 96  # image i is grey, every pixel STEP * i: a batch says which samples it holds
+STEP = 2
 FOLDER = ["data=image_folder", "data.image_size=8", "data.channels=1"]
 
 
 def write_images(root: Path) -> Path:
-    """48 real PNG files of 8x8 in two class folders: `<root>/<even|odd>/<i>.png`."""
+    """96 real PNG files of 8x8 in two class folders: `<root>/<even|odd>/<i>.png`."""
     for i in range(IMAGES):
         folder = root / ("even", "odd")[i % 2]
         folder.mkdir(parents=True, exist_ok=True)
@@ -49,7 +53,7 @@ def prepare_folder(images: Path, output: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A prepared copy of the 48 images (train 39, val 4, test 5), made once per module."""
+    """A prepared copy of the 96 images (train 77, val 9, test 10), made once per module."""
     folder = tmp_path_factory.mktemp("streaming")
     return prepare_folder(write_images(folder / "images"), folder / "prepared")
 
@@ -73,7 +77,7 @@ def test_prepare_writes_each_split_and_describes_the_copy(prepared: Path, tmp_pa
     assert metadata["complete"] is True
     assert metadata["classes"] == ["even", "odd"]
     assert metadata["image_shape"] == [1, 8, 8]
-    assert metadata["splits"] == {"train": 39, "val": 4, "test": 5}
+    assert metadata["splits"] == {"train": 77, "val": 9, "test": 10}
     # The statistics the image folder measures, carried with the copy.
     images = ImageFolderDataModule(str(tmp_path / "images"), 2, image_size=8, channels=1)
     write_images(tmp_path / "images")
@@ -256,7 +260,7 @@ def test_checkpoints_hold_the_class_names_and_statistics(prepared: Path, compose
 def train_streaming(compose_config, prepared: Path, folder: Path, *overrides: str, **callbacks):
     """A 2-epoch run on the prepared copy, in `folder`; what `run` returns is the last val/loss."""
     cfg = compose_config(
-        "data=streaming", f"data.input_dir={prepared}", "data.batch_size=4",
+        "data=streaming", f"data.input_dir={prepared}", "data.batch_size=8",
         "trainer=cpu", "trainer.max_epochs=2", "trainer.deterministic=true",
         "optimized_metric=val/loss", "test=false", "logger=none", *QUIET,
         "callbacks.model_checkpoint.save_top_k=-1",  # last.ckpt every epoch, improved or not
@@ -306,3 +310,60 @@ def test_a_run_resumed_mid_epoch_ends_as_the_uninterrupted_one(
     second = weights(tmp_path / "resumed" / "checkpoints" / "last.ckpt")
     for name, value in first.items():
         torch.testing.assert_close(second[name], value, rtol=0, atol=1e-6)
+
+
+class RecordSamples(Callback):
+    """Writes `<run>/samples_rank<r>.json`: the images of every training and validation batch
+    this process saw, by epoch (for tests: the images say which samples they are)."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, list[list[int]]] = {"train": [], "val": []}
+
+    def _record(self, trainer: L.Trainer, stage: str, images: torch.Tensor, batch_idx: int):
+        data = trainer.datamodule
+        pixels = images[:, 0, 0, 0] * data.std.flatten()[0] + data.mean.flatten()[0]
+        if batch_idx == 0:
+            self.seen[stage].append([])
+        self.seen[stage][-1] += (pixels * 255 / STEP).round().long().tolist()
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._record(trainer, "train", batch[0], batch_idx)
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        if not trainer.sanity_checking:
+            self._record(trainer, "val", batch[0], batch_idx)
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        path = Path(trainer.default_root_dir) / f"samples_rank{trainer.global_rank}.json"
+        path.write_text(json.dumps(self.seen))
+
+
+@pytest.mark.slow
+def test_two_processes_read_disjoint_parts_of_each_epoch_in_step(
+    prepared: Path, tmp_path: Path
+) -> None:
+    """77 training images over 2 processes of 4: each reads 36 others, 9 batches, every epoch
+    (no process waits at the end); validation: one batch of 4 each, 8 of its 9 images, once."""
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"),
+        "data=streaming", f"data.input_dir={prepared}", "data.batch_size=8",
+        "data.num_workers=1", "augment=none", "trainer=ddp_cpu", "trainer.max_epochs=2",
+        "logger=none", "test=false", "+callbacks.record._target_=test_streaming.RecordSamples",
+        "hydra.run.dir=run", *QUIET],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+        # The ranks import this module for RecordSamples.
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )  # fmt: skip
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    ranks = [json.loads((tmp_path / "run" / f"samples_rank{r}.json").read_text()) for r in (0, 1)]
+    train = [rank["train"] for rank in ranks]
+    assert [len(epochs) for epochs in train] == [2, 2]
+    for epoch in range(2):
+        first, second = train[0][epoch], train[1][epoch]
+        assert len(first) == len(second) == 36
+        assert not set(first) & set(second)
+        assert len(set(first)) == 36
+    assert train[0][0] != train[0][1], "the same order every epoch"
+    val = ranks[0]["val"][0] + ranks[1]["val"][0]
+    assert len(val) == len(set(val)) == 8
+    assert not set(val) & set(train[0][0] + train[1][0])

@@ -48,9 +48,11 @@ class StreamingDataModule(BatchedDataModule):
     """The splits `python -m kindling.prepare` wrote, streamed with LitData.
 
     Every process of a multi-device run reads its own part of each epoch, all the same number
-    of training batches. The train loader's position is saved in checkpoints: a run resumed
-    mid-epoch reads exactly the samples the interrupted one had left. Batches cross to the
-    device as uint8 and are standardised there with the statistics stored with the copy.
+    of batches (evaluation on several processes leaves out the remainder of the split, fewer
+    samples than processes x batch size; on one process it sees every sample). The train
+    loader's position is saved in checkpoints: a run resumed mid-epoch reads exactly the
+    samples the interrupted one had left. Batches cross to the device as uint8 and are
+    standardised there with the statistics stored with the copy.
 
     Args:
         input_dir: the prepared folder: a local path or `s3://bucket/prefix`.
@@ -180,8 +182,8 @@ class StreamingDataModule(BatchedDataModule):
             num_workers=workers,
             pin_memory=self.hparams.pin_memory and on_cuda,
             prefetch_factor=self.hparams.prefetch_factor if workers > 0 else None,
-            # Training: every process the same number of samples (no process waits at the end
-            # of an epoch). Evaluation: every sample once.
+            # True: every process the same number of whole batches (none waits for the others
+            # at the end); False (one process evaluating): every sample once.
             drop_last=drop_last,
             # Each new iterator draws its workers' base seed from this generator, not from the
             # process's: a resumed run makes an iterator the uninterrupted one did not, and its
@@ -199,14 +201,22 @@ class StreamingDataModule(BatchedDataModule):
             self._train_loader_state = None
         return self.train_loader
 
+    @property
+    def _even_evaluation(self) -> bool:
+        """Several processes evaluate equal numbers of batches: under DDP a model with buffers
+        (BatchNorm) synchronises them at every step, so one extra batch on one process would
+        hang the run. LitData leaves the remainder out (fewer than processes x batch size)."""
+        return self.trainer is not None and self.trainer.world_size > 1
+
     def val_dataloader(self) -> StreamingDataLoader:
-        return self._streaming_loader(self.data_val, drop_last=False)
+        return self._streaming_loader(self.data_val, drop_last=self._even_evaluation)
 
     def test_dataloader(self) -> StreamingDataLoader:
-        return self._streaming_loader(self.data_test, drop_last=False)
+        return self._streaming_loader(self.data_test, drop_last=self._even_evaluation)
 
     def predict_dataloader(self) -> StreamingDataLoader:
-        return self._streaming_loader(getattr(self, f"data_{self.predict_split}"), drop_last=False)
+        split = getattr(self, f"data_{self.predict_split}")
+        return self._streaming_loader(split, drop_last=self._even_evaluation)
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         if not isinstance(batch, list | tuple):  # the model summary's example input
