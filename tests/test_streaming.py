@@ -4,6 +4,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -276,34 +277,56 @@ def weights(checkpoint: Path) -> dict[str, torch.Tensor]:
     return torch.load(checkpoint, weights_only=True)["state_dict"]
 
 
+class SigtermAt(Callback):
+    """Sends this process SIGTERM at the end of training step `step`, as a cluster would."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+STEP_CHECKPOINTS = {
+    "_target_": "lightning.pytorch.callbacks.ModelCheckpoint",
+    "filename": "step_{step}",
+    "every_n_train_steps": 4,
+    "save_top_k": -1,
+    "auto_insert_metric_name": False,
+}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "workers, schedule",
+    "stop, workers, schedule",
     [
         # The cosine schedule reads trainer.estimated_stepping_batches, which makes the train
-        # loader before the checkpoint's loop state is loaded; with and without workers.
-        (0, []),
-        (2, ["model.scheduler=null"]),
+        # loader before the checkpoint's loop state is loaded (Lightning then skips it).
+        ("step checkpoint", 0, []),
+        ("SIGTERM", 2, ["model.scheduler=null"]),
     ],
 )
 def test_a_run_resumed_mid_epoch_ends_as_the_uninterrupted_one(
-    prepared: Path, compose_config, tmp_path: Path, workers: int, schedule: list[str]
+    prepared: Path, compose_config, tmp_path: Path, stop: str, workers: int, schedule: list[str]
 ) -> None:
-    """9 batches an epoch: resumed from step 12 (3 into the second epoch), the run reads the
-    6 batches left, in order, and ends with the same weights and val/loss."""
-    steps = {
-        "_target_": "lightning.pytorch.callbacks.ModelCheckpoint",
-        "dirpath": str(tmp_path / "steps"),
-        "filename": "step_{step}",
-        "every_n_train_steps": 4,
-        "save_top_k": -1,
-        "auto_insert_metric_name": False,
-    }
+    """9 batches an epoch: stopped after step 12 (3 into the second epoch) and resumed, the
+    run reads the 6 batches left, in order, and ends with the same weights and val/loss."""
     overrides = [f"data.num_workers={workers}", "augment=flip_crop", *schedule]
+    steps = {**STEP_CHECKPOINTS, "dirpath": str(tmp_path / "steps")}
     whole = train_streaming(compose_config, prepared, tmp_path / "whole", *overrides, steps=steps)
+    if stop == "SIGTERM":
+        stopper = {"_target_": f"{__name__}.SigtermAt", "step": 12}
+        with pytest.raises(SystemExit) as stopped:
+            train_streaming(compose_config, prepared, tmp_path / "first", *overrides, stop=stopper)
+        assert stopped.value.code == 128 + signal.SIGTERM
+        checkpoint = tmp_path / "first" / "checkpoints" / "last.ckpt"
+    else:
+        checkpoint = tmp_path / "steps" / "step_12.ckpt"
+    assert torch.load(checkpoint, weights_only=True)["global_step"] == 12
     resumed = train_streaming(
         compose_config, prepared, tmp_path / "resumed", *overrides,
-        f"ckpt_path={tmp_path / 'steps' / 'step_12.ckpt'}", "resume_in_new_folder=true",
+        f"ckpt_path={checkpoint}", "resume_in_new_folder=true",
     )  # fmt: skip
     assert resumed == pytest.approx(whole, abs=1e-6)
     first = weights(tmp_path / "whole" / "checkpoints" / "last.ckpt")
