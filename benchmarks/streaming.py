@@ -83,8 +83,8 @@ def main() -> None:
         for repeat in range(args.repeats):
             order = list(sides) if repeat % 2 == 0 else list(reversed(sides))
             for side in order:
-                data = datamodules[side]
-                rate = images_per_second(loaders[side], lambda b: data.on_after_batch_transfer(b, 0))  # noqa: B023
+                on_device = datamodules[side].on_after_batch_transfer
+                rate = images_per_second(loaders[side], lambda b: on_device(b, 0))  # noqa: B023
                 sides[side].append(rate)
                 print(f"repeat {repeat} {side:<12} {rate:8.0f} images/s")
         ratios = sorted(

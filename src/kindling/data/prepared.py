@@ -58,8 +58,7 @@ def read_metadata(input_dir: str, storage_options: dict[str, Any] | None = None)
     return metadata
 
 
-@functools.lru_cache
-def prepared_value(input_dir: str | None, key: str) -> int:
+def prepared_value(input_dir: str | None, key: str, storage_options: Any = None) -> int:
     """`num_classes`, `channels`, `height` or `width` of the prepared copy at `input_dir` (the
     `${prepared:...}` config resolver: data=streaming reads them from the copy)."""
     if input_dir is None:
@@ -67,10 +66,17 @@ def prepared_value(input_dir: str | None, key: str) -> int:
             "data=streaming needs the prepared copy: data.input_dir=<folder or s3://bucket/prefix>"
             ", written by python -m kindling.prepare."
         )
-    metadata = read_metadata(input_dir)
+    options = json.dumps(dict(storage_options or {}), sort_keys=True)
+    metadata = _cached_metadata(input_dir, options)
     if key == "num_classes":
         return len(metadata["classes"])
     return metadata["image_shape"][("channels", "height", "width").index(key)]
+
+
+@functools.lru_cache
+def _cached_metadata(input_dir: str, storage_options: str) -> dict[str, Any]:
+    # Config resolution reads a key many times: one read of the copy per process.
+    return read_metadata(input_dir, json.loads(storage_options))
 
 
 def check_metadata(metadata: dict[str, Any], input_dir: str) -> None:

@@ -39,7 +39,9 @@ class StreamingImages(StreamingDataset):
         if self.augment is not None:
             seed = hash((self.augment_seed, self.current_epoch, sample["index"])) % 2**63
             with torch.random.fork_rng(devices=[]):  # leaves the process's own draws alone
-                torch.manual_seed(seed)
+                # The CPU generator alone: torch.manual_seed also queues a seed for every
+                # accelerator, with a traceback each time (most of the time of a small sample).
+                torch.default_generator.manual_seed(seed)
                 image = self.augment(image)
         return image, sample["label"]
 
