@@ -26,7 +26,7 @@ from hydra import compose, initialize_config_dir
 from loader import PADDING, images_per_second, kindling_datamodule, write_files
 from torchvision.transforms import v2
 
-from kindling.data import StreamingDataModule
+from kindling.data.streaming import StreamingDataModule
 from kindling.prepare import CONFIGS, prepare
 
 

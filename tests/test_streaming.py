@@ -20,8 +20,9 @@ from omegaconf import open_dict
 from PIL import Image
 from torchvision.transforms import v2
 
-from kindling.data import ImageFolderDataModule, StreamingDataModule
+from kindling.data import ImageFolderDataModule
 from kindling.data.prepared import METADATA_FILE, prepared_value, read_metadata
+from kindling.data.streaming import StreamingDataModule
 from kindling.prepare import prepare
 from kindling.train import run
 from kindling.utils.errors import UserError

@@ -3,7 +3,6 @@
 from kindling.data.digits import DigitsDataModule
 from kindling.data.image import ImageDataModule
 from kindling.data.image_folder import ImageFolderDataModule
-from kindling.data.streaming import StreamingDataModule
 from kindling.data.text import CharTextDataModule
 from kindling.data.torchvision_datasets import (
     CIFAR10DataModule,
@@ -19,5 +18,4 @@ __all__ = [
     "ImageDataModule",
     "ImageFolderDataModule",
     "MNISTDataModule",
-    "StreamingDataModule",
 ]
