@@ -2,6 +2,7 @@
 
 import csv
 import inspect
+import json
 import re
 import typing
 from pathlib import Path
@@ -15,6 +16,7 @@ from omegaconf import OmegaConf
 
 import kindling.train
 from kindling.data.batched import BatchedDataModule
+from kindling.data.prepared import FORMAT, METADATA_FILE
 from kindling.modules import Classifier
 from kindling.train import run
 from kindling.utils import UserError, build, checks
@@ -34,11 +36,18 @@ def image_folder(tmp_path):
     for name in ("cat", "dog"):
         (tmp_path / "images" / name).mkdir(parents=True)
         Image.new("RGB", (4, 4)).save(tmp_path / "images" / name / "0.png")
+    # What data=streaming reads from a prepared copy before it streams (kindling.data.prepared).
+    description = {"format": FORMAT, "complete": True, "classes": ["cat", "dog"],
+                   "image_shape": [3, 4, 4]}  # fmt: skip
+    (tmp_path / "images" / METADATA_FILE).write_text(json.dumps(description))
     return tmp_path / "images"
 
 
 def with_data_path(overrides: list[str], folder) -> list[str]:
-    """data=image_folder needs data.path (its class count is read from the folder)."""
+    """data=image_folder needs data.path (its class count is read from the folder), and
+    data=streaming data.input_dir (a prepared copy's description)."""
+    if "data=streaming" in overrides:
+        return [*overrides, f"data.input_dir={folder}"]
     return [*overrides, f"data.path={folder}"] if "data=image_folder" in overrides else overrides
 
 
@@ -46,7 +55,9 @@ def test_every_group_has_options() -> None:
     for group in GROUPS:
         assert options(group), f"configs/{group}/ has no options"
     assert options("model") == ["cnn", "lstm", "rnn", "transformer"]
-    assert options("data") == ["cifar10", "digits", "fashion_mnist", "image_folder", "mnist"]
+    assert options("data") == [
+        "cifar10", "digits", "fashion_mnist", "image_folder", "mnist", "streaming"
+    ]  # fmt: skip
     assert options("augment") == ["crop", "flip_crop", "none", "trivial_augment"]
     assert {"default", "cpu", "gpu", "ddp", "ddp_cpu", "mps"} <= set(options("trainer"))
 

@@ -31,6 +31,7 @@ from kindling.callbacks import (
 )
 from kindling.data.batched import per_device_batch_size
 from kindling.data.folder import class_count
+from kindling.data.prepared import prepared_value
 from kindling.utils import (
     UserError,
     build,
@@ -68,6 +69,8 @@ OmegaConf.register_new_resolver("div", lambda a, b: int(a) // int(b), replace=Tr
 # `${best_precision:${trainer.accelerator}}`, and `benchmark: ${not:${trainer.deterministic}}`.
 OmegaConf.register_new_resolver("best_precision", best_precision, replace=True)
 OmegaConf.register_new_resolver("not", lambda value: not value, replace=True)
+# data=streaming reads its classes and image shape from the prepared copy.
+OmegaConf.register_new_resolver("prepared", prepared_value, replace=True)
 
 
 def run(cfg: DictConfig) -> float | None:

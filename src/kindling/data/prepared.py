@@ -1,0 +1,140 @@
+"""The description `python -m kindling.prepare` writes beside a prepared copy, and reading it back.
+
+`<dir>/kindling.json` holds the kindling version and format, the class names, the image shape,
+the per-channel statistics and the sample count of each split. It is written twice: first
+without `complete` (the folder is kindling's, the work is under way), then with `complete: true`
+once every split is written. A copy without it is an interrupted prepare; one of another format
+was written by a kindling that stores samples differently.
+"""
+
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+from kindling.utils.errors import UserError
+
+METADATA_FILE = "kindling.json"
+# The layout of a prepared sample (`{"index", "image", "label"}`, uint8 `(C, H, W)` images).
+FORMAT = 1
+SPLITS = ("train", "val", "test")
+S3_TIMEOUT_S = 10  # per attempt: an unreachable address fails in seconds, not after retries
+
+
+def is_remote(location: str) -> bool:
+    return "://" in location
+
+
+def split_location(input_dir: str, split: str) -> str:
+    return f"{input_dir.rstrip('/')}/{split}"
+
+
+def read_metadata(input_dir: str, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The description of the prepared copy at `input_dir`, checked complete and readable."""
+    if input_dir.startswith("s3://"):
+        text = _read_s3(split_location(input_dir, METADATA_FILE), storage_options or {})
+    elif is_remote(input_dir):
+        raise UserError(
+            f"data.input_dir={input_dir}: kindling streams from a local folder or s3://; "
+            "copy the prepared folder to one of them."
+        )
+    else:
+        path = Path(input_dir) / METADATA_FILE
+        if not path.is_file():
+            raise UserError(
+                f"data.input_dir={input_dir} is not a prepared copy (no {METADATA_FILE}). "
+                "Write one with: python -m kindling.prepare data=<data config> output="
+                f"{input_dir}"
+            )
+        text = path.read_text()
+    try:
+        metadata = json.loads(text)
+    except ValueError as error:
+        raise UserError(
+            f"{split_location(input_dir, METADATA_FILE)} is damaged ({error}). Prepare the data "
+            "again into an empty folder."
+        ) from error
+    check_metadata(metadata, input_dir)
+    return metadata
+
+
+def prepared_value(input_dir: str | None, key: str, storage_options: Any = None) -> int:
+    """`num_classes`, `channels`, `height` or `width` of the prepared copy at `input_dir` (the
+    `${prepared:...}` config resolver: data=streaming reads them from the copy)."""
+    if input_dir is None:
+        raise UserError(
+            "data=streaming needs the prepared copy: data.input_dir=<folder or s3://bucket/prefix>"
+            ", written by python -m kindling.prepare."
+        )
+    options = json.dumps(dict(storage_options or {}), sort_keys=True)
+    metadata = _cached_metadata(input_dir, options)
+    if key == "num_classes":
+        return len(metadata["classes"])
+    return metadata["image_shape"][("channels", "height", "width").index(key)]
+
+
+@functools.lru_cache
+def _cached_metadata(input_dir: str, storage_options: str) -> dict[str, Any]:
+    # Config resolution reads a key many times: one read of the copy per process.
+    return read_metadata(input_dir, json.loads(storage_options))
+
+
+def check_metadata(metadata: dict[str, Any], input_dir: str) -> None:
+    again = f"python -m kindling.prepare data=<data config> output={input_dir}"
+    if metadata.get("format") != FORMAT:
+        raise UserError(
+            f"data.input_dir={input_dir} was prepared by kindling "
+            f"{metadata.get('kindling_version', '(unknown)')} (format {metadata.get('format')}); "
+            f"this kindling reads format {FORMAT}. Prepare it again: {again}"
+        )
+    if not metadata.get("complete"):
+        raise UserError(
+            f"data.input_dir={input_dir} is an unfinished prepare (it was interrupted). "
+            f"Run it again to finish: {again}"
+        )
+
+
+def _read_s3(url: str, storage_options: dict[str, Any]) -> str:
+    """The object at `url`, with short timeouts and a message that says what went wrong."""
+    import boto3  # LitData's S3 client; only s3:// needs it
+    import botocore.config
+    import botocore.exceptions as s3
+
+    bucket, _, key = url.removeprefix("s3://").partition("/")
+    config = botocore.config.Config(
+        connect_timeout=S3_TIMEOUT_S,
+        read_timeout=S3_TIMEOUT_S,
+        retries={"max_attempts": 2, "mode": "standard"},
+    )
+    credentials = (
+        "credentials come from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, ~/.aws/credentials "
+        "(AWS_PROFILE) or the machine's role"
+    )
+    try:
+        client = boto3.client("s3", config=config, **storage_options)
+        body = client.get_object(Bucket=bucket, Key=key)["Body"]
+        return body.read().decode()
+    except s3.NoCredentialsError as error:
+        raise UserError(f"No credentials for {url}: {credentials}.") from error
+    except (s3.EndpointConnectionError, s3.ConnectTimeoutError, s3.ReadTimeoutError) as error:
+        raise UserError(
+            f"{url} cannot be reached ({error}). Check the network, the address, and the "
+            "endpoint (AWS_ENDPOINT_URL or data.storage_options.endpoint_url)."
+        ) from error
+    except s3.ClientError as error:
+        code = error.response.get("Error", {}).get("Code", "")
+        if code in ("NoSuchKey", "404"):
+            raise UserError(
+                f"{url} does not exist: data.input_dir is not a prepared copy. Upload the "
+                "folder that python -m kindling.prepare wrote."
+            ) from error
+        if code in ("NoSuchBucket",):
+            raise UserError(f"{url}: there is no bucket {bucket!r}. Fix data.input_dir.") from error
+        raise UserError(
+            f"{url} refused ({code}: {error}): the credentials are not allowed to read it; "
+            f"{credentials}."
+        ) from error
+    except (s3.BotoCoreError, ValueError) as error:  # a bad endpoint URL, region, ...
+        raise UserError(
+            f"{url}: {error}. Fix data.storage_options or the AWS_* settings."
+        ) from error

@@ -1,0 +1,241 @@
+"""A prepared copy of an image data set, streamed by LitData from a folder or object storage."""
+
+import logging
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch.accelerators import CUDAAccelerator
+from litdata import StreamingDataLoader, StreamingDataset
+
+from kindling.data.augment import Transform, worker_transform
+from kindling.data.batched import BatchedDataModule, per_device_batch_size
+from kindling.data.normalize import to_model_input
+from kindling.data.prepared import read_metadata, split_location
+from kindling.utils.errors import UserError
+
+log = logging.getLogger(__name__)
+
+
+class StreamingImages(StreamingDataset):
+    """`(image, label)` pairs of one prepared split; training images augmented per sample.
+
+    The augmentation of a sample is seeded by `augment_seed`, the epoch and the sample's index:
+    it does not depend on which worker or process reads the sample, or on where a run was
+    resumed, so a resumed run sees the very images an uninterrupted one would.
+    """
+
+    def __init__(self, *args: Any, augment: Transform | None = None, augment_seed: int = 0,
+                 **kwargs: Any):  # fmt: skip
+        super().__init__(*args, **kwargs)
+        self.augment = augment
+        self.augment_seed = augment_seed
+
+    def __getitem__(self, index: Any) -> tuple[torch.Tensor, int]:
+        sample = super().__getitem__(index)
+        image = sample["image"]
+        if self.augment is not None:
+            seed = hash((self.augment_seed, self.current_epoch, sample["index"])) % 2**63
+            with torch.random.fork_rng(devices=[]):  # leaves the process's own draws alone
+                # The CPU generator alone: torch.manual_seed also queues a seed for every
+                # accelerator, with a traceback each time (most of the time of a small sample).
+                torch.default_generator.manual_seed(seed)
+                image = self.augment(image)
+        return image, sample["label"]
+
+
+class StreamingDataModule(BatchedDataModule):
+    """The splits `python -m kindling.prepare` wrote, streamed with LitData.
+
+    Every process of a multi-device run reads its own part of each epoch, all the same number
+    of batches (evaluation on several processes leaves out the remainder of the split, fewer
+    samples than processes x batch size; on one process it sees every sample). The train
+    loader's position is saved in checkpoints: a run resumed mid-epoch reads exactly the
+    samples the interrupted one had left. Batches cross to the device as uint8 and are
+    standardised there with the statistics stored with the copy.
+
+    Args:
+        input_dir: the prepared folder: a local path or `s3://bucket/prefix`.
+        num_classes: the number of classes; checked against the prepared copy.
+        image_shape: `[channels, height, width]`; checked against the prepared copy.
+        batch_size: the global batch size, divided evenly over the processes of a run.
+        cache_dir: where chunks of a remote copy are kept (null: LitData's default,
+            ~/.lightning/chunks); each split uses a folder of its own in it.
+        max_cache_size: the most the cache may hold, e.g. "50GB" (null: LitData's default).
+        storage_options: arguments of the S3 client (e.g. `{endpoint_url: ...}`).
+        shuffle_seed: seed of the training order (configs pass the run's `seed`); None draws
+            one, the same on every process.
+        augment: training-time transforms (torchvision.transforms.v2, applied to uint8 images
+            in the workers), as for image folders.
+        num_workers: DataLoader worker processes per device; null: the CPUs available to this
+            process shared by the processes of this machine.
+        pin_memory: page-locked host batches for faster copies (used only on CUDA).
+        prefetch_factor: batches each worker prepares ahead (when there are workers).
+    """
+
+    def __init__(
+        self,
+        input_dir: str,
+        num_classes: int,
+        image_shape: Sequence[int],
+        batch_size: int = 64,
+        cache_dir: str | None = None,
+        max_cache_size: str | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        shuffle_seed: int | None = None,
+        augment: Mapping[str, Transform | None] | None = None,
+        num_workers: int | None = None,
+        pin_memory: bool = True,
+        prefetch_factor: int = 2,
+    ):
+        super().__init__()
+        self.save_hyperparameters(ignore=["augment"], logger=False)
+        per_device_batch_size(batch_size, 1)
+        self.transform = worker_transform(augment)
+        self.classes: list[str] | None = None
+        self.mean: torch.Tensor | None = None  # (1, C, 1, 1), [0, 1] units
+        self.std: torch.Tensor | None = None
+        self.train_loader: StreamingDataLoader | None = None
+        self._train_loader_state: dict[str, Any] | None = None  # from a checkpoint
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.data_train is not None:
+            return
+        hp = self.hparams
+        self.batch_size_per_device  # noqa: B018 - validate before reading anything
+        storage = dict(hp.storage_options or {})
+        metadata = read_metadata(hp.input_dir, storage)
+        self._check(metadata)
+        if self.classes is not None and self.classes != metadata["classes"]:
+            raise UserError(
+                f"data.input_dir={hp.input_dir} has the classes {', '.join(metadata['classes'])}, "
+                f"but the checkpoint was trained on {', '.join(self.classes)}. Use a copy of the "
+                "checkpoint's data."
+            )
+        self.classes = metadata["classes"]
+        if self.mean is None:
+            self.mean = torch.tensor(metadata["mean"]).view(1, -1, 1, 1)
+            self.std = torch.tensor(metadata["std"]).view(1, -1, 1, 1)
+        seed = hp.shuffle_seed
+        if seed is None:  # an unseeded run: a new order, the same on every process
+            seed = int(torch.randint(2**31, ()))
+            if self.trainer is not None:
+                seed = self.trainer.strategy.broadcast(seed)
+
+        def split(name: str, **kwargs: Any) -> StreamingImages:
+            return StreamingImages(
+                split_location(hp.input_dir, name),
+                cache_dir=self._cache_dir(name),
+                max_cache_size=hp.max_cache_size,
+                storage_options=storage,
+                # Per item: with shuffling, LitData's windowed decoding of small samples decodes
+                # whole windows again and again (ten times slower on 8x8 images).
+                batch_decode=0,
+                **kwargs,
+            )
+
+        self.data_train = split(
+            "train", shuffle=True, seed=seed, augment=self.transform, augment_seed=seed
+        )
+        self.data_val = split("val")
+        self.data_test = split("test")
+        counts = ", ".join(f"{name} {count}" for name, count in metadata["splits"].items())
+        log.info("%s: %d classes; images: %s.", hp.input_dir, len(self.classes), counts)
+
+    def _check(self, metadata: dict[str, Any]) -> None:
+        hp = self.hparams
+        if hp.num_classes != len(metadata["classes"]):
+            raise UserError(
+                f"data.num_classes={hp.num_classes} but {hp.input_dir} has "
+                f"{len(metadata['classes'])} classes. Leave data.num_classes out: it is read "
+                "from the prepared copy."
+            )
+        if list(hp.image_shape) != list(metadata["image_shape"]):
+            raise UserError(
+                f"data.image_shape={list(hp.image_shape)} but {hp.input_dir} holds images of "
+                f"shape {metadata['image_shape']}. Leave data.image_shape out: it is read from "
+                "the prepared copy (prepare again to change the size)."
+            )
+
+    def _cache_dir(self, split: str) -> str | None:
+        """The split's cache folder, checked writable (LitData would fail in its workers)."""
+        if self.hparams.cache_dir is None:
+            return None
+        folder = Path(self.hparams.cache_dir) / split
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=folder):
+                pass
+        except OSError as error:
+            raise UserError(
+                f"data.cache_dir={self.hparams.cache_dir} is not writable ({error.strerror}). "
+                "Set data.cache_dir to a folder you can write to, with room for the cache."
+            ) from error
+        return str(folder)
+
+    def _streaming_loader(self, dataset: StreamingImages, drop_last: bool) -> StreamingDataLoader:
+        on_cuda = self.trainer is not None and isinstance(self.trainer.accelerator, CUDAAccelerator)
+        workers = self.num_workers
+        return StreamingDataLoader(
+            dataset,
+            batch_size=self.batch_size_per_device,
+            num_workers=workers,
+            pin_memory=self.hparams.pin_memory and on_cuda,
+            prefetch_factor=self.hparams.prefetch_factor if workers > 0 else None,
+            # True: every process the same number of whole batches (none waits for the others
+            # at the end); False (one process evaluating): every sample once.
+            drop_last=drop_last,
+            # Each new iterator draws its workers' base seed from this generator, not from the
+            # process's: a resumed run makes an iterator the uninterrupted one did not, and its
+            # dropout masks would differ. (Samples are augmented with seeds of their own.)
+            generator=torch.Generator(),
+        )
+
+    def train_dataloader(self) -> StreamingDataLoader:
+        self.train_loader = self._streaming_loader(self.data_train, drop_last=True)
+        if self._train_loader_state is not None:
+            # Set here rather than by Lightning, which skips the loader state when the loader
+            # was made before the checkpoint's loops were restored (a schedule that reads
+            # `trainer.estimated_stepping_batches`).
+            self.train_loader.load_state_dict(self._train_loader_state)
+            self._train_loader_state = None
+        return self.train_loader
+
+    @property
+    def _even_evaluation(self) -> bool:
+        """Several processes evaluate equal numbers of batches: under DDP a model with buffers
+        (BatchNorm) synchronises them at every step, so one extra batch on one process would
+        hang the run. LitData leaves the remainder out (fewer than processes x batch size)."""
+        return self.trainer is not None and self.trainer.world_size > 1
+
+    def val_dataloader(self) -> StreamingDataLoader:
+        return self._streaming_loader(self.data_val, drop_last=self._even_evaluation)
+
+    def test_dataloader(self) -> StreamingDataLoader:
+        return self._streaming_loader(self.data_test, drop_last=self._even_evaluation)
+
+    def predict_dataloader(self) -> StreamingDataLoader:
+        split = getattr(self, f"data_{self.predict_split}")
+        return self._streaming_loader(split, drop_last=self._even_evaluation)
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        if not isinstance(batch, list | tuple):  # the model summary's example input
+            return batch
+        images, labels = batch
+        mean, std = self.mean.to(images.device), self.std.to(images.device)
+        return to_model_input(images, mean, std), labels
+
+    def state_dict(self) -> dict[str, Any]:
+        # Lightning stores this in every checkpoint: prediction needs no training data, and
+        # resumed training continues where the train loader stopped.
+        state = {"mean": self.mean, "std": self.std, "classes": self.classes}
+        if self.train_loader is not None:
+            state["train_loader"] = self.train_loader.state_dict()
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.mean, self.std = state_dict["mean"], state_dict["std"]
+        self.classes = state_dict["classes"]
+        self._train_loader_state = state_dict.get("train_loader")

@@ -1,0 +1,151 @@
+"""Write an optimized, chunked copy of a data set's splits for streaming (`data=streaming`).
+
+    python -m kindling.prepare data=image_folder data.path=<images> output=<folder>
+
+Each split (`<folder>/train`, `val`, `test`) is written by LitData's `optimize()` in parallel
+workers: the images exactly as the data config serves them before augmentation (decoded,
+resized, uint8), with their labels and their index in the split. `<folder>/kindling.json`
+describes the copy (kindling.data.prepared). Running it again on a finished copy of the same
+data config does nothing; an interrupted one is started over.
+"""
+
+import functools
+import json
+import logging
+import multiprocessing
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import hydra
+import lightning as L
+import torch
+from litdata import optimize
+from omegaconf import DictConfig, OmegaConf, open_dict
+from torch.utils.data import Dataset
+
+import kindling
+from kindling.data.batched import default_num_workers
+from kindling.data.folder import class_count
+from kindling.data.prepared import FORMAT, METADATA_FILE, SPLITS, is_remote
+from kindling.utils import UserError, build
+from kindling.utils.errors import find_user_error
+
+log = logging.getLogger("kindling")
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+# The resolvers the data configs use (as registered by kindling.train).
+OmegaConf.register_new_resolver("class_count", class_count, replace=True)
+OmegaConf.register_new_resolver("div", lambda a, b: int(a) // int(b), replace=True)
+
+
+def prepared_sample(dataset: Dataset, mean: torch.Tensor, std: torch.Tensor, index: int) -> dict:
+    """Sample `index` of `dataset` as stored: a uint8 image, its label and its index."""
+    image, label = dataset[index]
+    if image.dtype != torch.uint8:  # an in-memory set's standardised floats: back to pixels
+        image = (image * std + mean).mul_(255.0).round_().clamp_(0, 255).to(torch.uint8)
+    return {"index": index, "image": image.contiguous(), "label": int(label)}
+
+
+def prepare(cfg: DictConfig) -> Path:
+    """Write the prepared copy that `cfg` describes; return its folder."""
+    output = Path(cfg.output)
+    if is_remote(cfg.output):
+        raise UserError(
+            f"output={cfg.output}: prepare writes to a local folder; copy it to object storage "
+            "afterwards (e.g. aws s3 sync <folder> s3://bucket/prefix)."
+        )
+    data_cfg = cfg.data.copy()
+    with open_dict(data_cfg):
+        # Stored as the data set serves it; data=streaming augments while training.
+        data_cfg.pop("augment", None)
+        if "decode_device" in data_cfg:
+            data_cfg.decode_device = "cpu"
+    source = OmegaConf.to_container(data_cfg, resolve=True)
+    metadata_file = output / METADATA_FILE
+    if _finished(output, source):
+        return output
+
+    datamodule = build(data_cfg, "data")
+    datamodule.setup("fit")
+    splits = {name: getattr(datamodule, f"data_{name}") for name in SPLITS}
+    mean, std = datamodule.mean.view(-1, 1, 1), datamodule.std.view(-1, 1, 1)
+    image_shape = list(prepared_sample(splits["train"], mean, std, 0)["image"].shape)
+    num_classes = datamodule.hparams.num_classes
+    metadata: dict[str, Any] = {
+        "format": FORMAT,
+        "kindling_version": kindling.__version__,
+        "classes": getattr(datamodule, "classes", None) or [str(i) for i in range(num_classes)],
+        "image_shape": image_shape,
+        "mean": mean.flatten().tolist(),
+        "std": std.flatten().tolist(),
+        "splits": {name: len(dataset) for name, dataset in splits.items()},
+        "source": source,
+    }
+    output.mkdir(parents=True, exist_ok=True)
+    metadata_file.write_text(json.dumps(metadata, indent=1))  # the folder is ours; not complete
+    workers = cfg.num_workers if cfg.num_workers is not None else default_num_workers(1)
+    for name, dataset in splits.items():
+        log.info("Writing %s: %d samples, %d workers.", output / name, len(dataset), workers)
+        shutil.rmtree(output / name, ignore_errors=True)  # an interrupted prepare's part
+        optimize(
+            fn=functools.partial(prepared_sample, dataset, mean, std),
+            inputs=list(range(len(dataset))),
+            output_dir=str((output / name).resolve()),
+            num_workers=min(workers, len(dataset)),
+            chunk_bytes=cfg.chunk_bytes,
+            # fork: workers start at once, with the data set in memory (spawn re-imports torch).
+            start_method="fork" if "fork" in multiprocessing.get_all_start_methods() else None,
+        )
+    metadata["complete"] = True
+    metadata_file.write_text(json.dumps(metadata, indent=1))  # last: the copy is whole
+    counts = ", ".join(f"{name} {count}" for name, count in metadata["splits"].items())
+    log.info("Prepared %s (%s). Train with: python train.py data=streaming "
+             "data.input_dir=%s", output, counts, output)  # fmt: skip
+    return output
+
+
+def _finished(output: Path, source: dict[str, Any]) -> bool:
+    """Whether `output` holds a finished copy of `source`; refuse a folder that is not ours."""
+    metadata_file = output / METADATA_FILE
+    if not metadata_file.is_file():
+        if output.exists() and any(output.iterdir()):
+            raise UserError(
+                f"output={output} holds files that are not a prepared copy. Give an empty or "
+                "new folder."
+            )
+        return False
+    try:
+        metadata = json.loads(metadata_file.read_text())
+    except ValueError:
+        metadata = {}
+    if not metadata.get("complete") or metadata.get("format") != FORMAT:
+        log.info("%s is an unfinished or older prepared copy: preparing it again.", output)
+        return False
+    if metadata.get("source") != source:
+        raise UserError(
+            f"output={output} already holds a prepared copy of another data config "
+            f"({metadata.get('source')}). Give another output, or delete that folder."
+        )
+    log.info("%s is already prepared (%s): nothing to do. Delete it to prepare again.",
+             output, ", ".join(f"{k} {v}" for k, v in metadata["splits"].items()))  # fmt: skip
+    return True
+
+
+@hydra.main(version_base="1.3", config_path=str(CONFIGS), config_name="prepare")
+def main(cfg: DictConfig) -> None:
+    try:
+        if cfg.get("seed") is not None:
+            L.seed_everything(cfg.seed, verbose=False)
+        prepare(cfg)
+    except Exception as error:
+        user_error = find_user_error(error)
+        if user_error is None:
+            raise
+        log.error("%s", user_error)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

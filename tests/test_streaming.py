@@ -1,0 +1,393 @@
+"""Prepared copies (`python -m kindling.prepare`) streamed with LitData (`data=streaming`)."""
+
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from lightning.pytorch.callbacks import Callback
+from omegaconf import open_dict
+from PIL import Image
+from torchvision.transforms import v2
+
+from kindling.data import ImageFolderDataModule
+from kindling.data.prepared import METADATA_FILE, prepared_value, read_metadata
+from kindling.data.streaming import StreamingDataModule
+from kindling.prepare import prepare
+from kindling.train import run
+from kindling.utils.errors import UserError
+
+from conftest import CONFIG_DIR, QUIET, ROOT
+
+IMAGES = 96  # image i is grey, every pixel STEP * i: a batch says which samples it holds
+STEP = 2
+FOLDER = ["data=image_folder", "data.image_size=8", "data.channels=1"]
+
+
+def write_images(root: Path) -> Path:
+    """96 real PNG files of 8x8 in two class folders: `<root>/<even|odd>/<i>.png`."""
+    for i in range(IMAGES):
+        folder = root / ("even", "odd")[i % 2]
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(np.full((8, 8), STEP * i, dtype=np.uint8)).save(folder / f"{i:02d}.png")
+    return root
+
+
+def prepare_cfg(*overrides: str):
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return compose(config_name="prepare", overrides=list(overrides))
+
+
+def prepare_folder(images: Path, output: Path) -> Path:
+    return prepare(prepare_cfg(*FOLDER, f"data.path={images}", f"output={output}", "num_workers=2"))
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A prepared copy of the 96 images (train 77, val 9, test 10), made once per module."""
+    folder = tmp_path_factory.mktemp("streaming")
+    return prepare_folder(write_images(folder / "images"), folder / "prepared")
+
+
+def copy_of(prepared: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(prepared, tmp_path / "copy"))
+
+
+def streaming(input_dir: Path, **kwargs) -> StreamingDataModule:
+    args = {"num_classes": 2, "image_shape": [1, 8, 8], "batch_size": 4, "num_workers": 0}
+    return StreamingDataModule(str(input_dir), **{**args, **kwargs})
+
+
+def sample_ids(images: torch.Tensor) -> list[int]:
+    """Which images a uint8 batch holds (image i is all STEP * i)."""
+    return (images[:, 0, 0, 0].long() // STEP).tolist()
+
+
+def test_prepare_writes_each_split_and_describes_the_copy(prepared: Path, tmp_path: Path) -> None:
+    metadata = json.loads((prepared / METADATA_FILE).read_text())
+    assert metadata["complete"] is True
+    assert metadata["classes"] == ["even", "odd"]
+    assert metadata["image_shape"] == [1, 8, 8]
+    assert metadata["splits"] == {"train": 77, "val": 9, "test": 10}
+    # The statistics the image folder measures, carried with the copy.
+    images = ImageFolderDataModule(str(tmp_path / "images"), 2, image_size=8, channels=1)
+    write_images(tmp_path / "images")
+    images.setup("fit")
+    assert metadata["mean"] == pytest.approx(images.mean.flatten().tolist())
+    assert metadata["std"] == pytest.approx(images.std.flatten().tolist())
+    for split in ("train", "val", "test"):
+        assert (prepared / split / "index.json").is_file()
+    # Every image once, split as the image folder splits it.
+    data = streaming(prepared)
+    data.setup("fit")
+    seen = {}
+    for split in ("train", "val", "test"):
+        dataset = getattr(data, f"data_{split}")
+        seen[split] = sorted(sample_ids(torch.stack([dataset[i][0] for i in range(len(dataset))])))
+        folder = getattr(images, f"data_{split}").samples
+        assert seen[split] == sorted(int(path.stem) for path, _ in folder)
+        labels = [dataset[i][1] for i in range(len(dataset))]
+        assert labels == [int(dataset[i][0][0, 0, 0]) // STEP % 2 for i in range(len(dataset))]
+
+
+def test_prepare_again_on_a_finished_copy_does_nothing(
+    prepared: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="kindling")
+    copy = copy_of(prepared, tmp_path)
+    chunks = {p: p.stat().st_mtime_ns for p in copy.rglob("*.bin")}
+    prepare_folder(Path(read_metadata(str(copy))["source"]["path"]), copy)
+    assert "already prepared" in caplog.text
+    assert {p: p.stat().st_mtime_ns for p in copy.rglob("*.bin")} == chunks
+
+
+def test_prepare_refuses_a_folder_that_is_not_a_prepared_copy(tmp_path: Path) -> None:
+    (tmp_path / "output").mkdir()
+    (tmp_path / "output" / "notes.txt").write_text("mine")
+    with pytest.raises(UserError, match="not a prepared copy"):
+        prepare_folder(write_images(tmp_path / "images"), tmp_path / "output")
+    assert (tmp_path / "output" / "notes.txt").read_text() == "mine"
+
+
+def test_an_interrupted_prepare_is_refused_by_training_and_redone_by_prepare(
+    prepared: Path, tmp_path: Path
+) -> None:
+    copy = copy_of(prepared, tmp_path)
+    metadata = json.loads((copy / METADATA_FILE).read_text())
+    del metadata["complete"]
+    (copy / METADATA_FILE).write_text(json.dumps(metadata))
+    shutil.rmtree(copy / "test")
+    with pytest.raises(UserError, match=r"unfinished prepare.*Run it again"):
+        streaming(copy).setup("fit")
+    metadata["source"]["path"] = str(write_images(tmp_path / "images"))
+    (copy / METADATA_FILE).write_text(json.dumps(metadata))
+    prepare_folder(tmp_path / "images", copy)
+    assert read_metadata(str(copy))["complete"] is True
+    assert (copy / "test" / "index.json").is_file()
+
+
+def test_prepare_writes_an_in_memory_data_set(tmp_path: Path) -> None:
+    """data=digits has no files: its splits are written from memory, back to uint8 pixels."""
+    output = prepare(prepare_cfg("data=digits", f"output={tmp_path / 'digits'}", "num_workers=1"))
+    metadata = read_metadata(str(output))
+    assert metadata["splits"] == {"train": 1294, "val": 144, "test": 359}
+    assert metadata["classes"] == [str(i) for i in range(10)]
+    data = streaming(output, num_classes=10)
+    data.setup("fit")
+    image, label = data.data_test[0]
+    assert image.dtype == torch.uint8 and image.shape == (1, 8, 8)
+    # The digits' 17 grey levels (0..16), as pixels: 255 * k / 16.
+    levels = {round(255 * k / 16) for k in range(17)}
+    assert set(image.unique().tolist()) <= levels
+    assert 0 <= label < 10
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"format": 0, "kindling_version": "0.0.1"}, r"by kindling 0.0.1.*Prepare it again"),
+        ({"complete": False}, "unfinished prepare"),
+    ],
+)
+def test_a_copy_from_another_kindling_or_unfinished_is_refused(
+    prepared: Path, tmp_path: Path, change: dict, message: str
+) -> None:
+    copy = copy_of(prepared, tmp_path)
+    metadata = {**json.loads((copy / METADATA_FILE).read_text()), **change}
+    (copy / METADATA_FILE).write_text(json.dumps(metadata))
+    with pytest.raises(UserError, match=message):
+        streaming(copy).setup("fit")
+
+
+def test_a_missing_copy_names_the_prepare_command(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match=r"not a prepared copy.*python -m kindling.prepare"):
+        prepared_value(str(tmp_path / "nowhere"), "num_classes")
+
+
+def test_an_unwritable_cache_dir_is_refused(prepared: Path, tmp_path: Path) -> None:
+    (tmp_path / "cache").write_text("a file, not a folder")
+    with pytest.raises(UserError, match=r"data.cache_dir=.* is not writable"):
+        streaming(prepared, cache_dir=str(tmp_path / "cache" / "chunks")).setup("fit")
+
+
+@pytest.fixture
+def no_aws(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> pytest.MonkeyPatch:
+    """No credentials anywhere, no instance metadata service, nothing from ~/.aws."""
+    for name in list(os.environ):
+        if name.startswith("AWS_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    return monkeypatch
+
+
+def test_s3_without_credentials_says_so(no_aws: pytest.MonkeyPatch) -> None:
+    with pytest.raises(UserError, match=r"^No credentials for s3://bucket/prefix/kindling.json"):
+        read_metadata("s3://bucket/prefix")
+
+
+def test_an_unreachable_s3_address_says_so(no_aws: pytest.MonkeyPatch) -> None:
+    no_aws.setenv("AWS_ACCESS_KEY_ID", "id")
+    no_aws.setenv("AWS_SECRET_ACCESS_KEY", "secret")
+    no_aws.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:1")
+    with pytest.raises(UserError, match=r"cannot be reached .*AWS_ENDPOINT_URL") as error:
+        read_metadata("s3://bucket/prefix")
+    assert "credentials" not in str(error.value).lower()
+
+
+def test_batches_are_standardised_on_the_device_with_the_copys_statistics(
+    prepared: Path,
+) -> None:
+    data = streaming(prepared)
+    data.setup("fit")
+    images, labels = next(iter(data.val_dataloader()))
+    assert images.dtype == torch.uint8
+    model_input, _ = data.on_after_batch_transfer((images, labels), 0)
+    expected = (images.float() / 255 - data.mean) / data.std
+    torch.testing.assert_close(model_input, expected)
+
+
+def test_training_augments_each_sample_the_same_way_wherever_it_is_read(prepared: Path) -> None:
+    """A sample's augmentation depends on the seed, the epoch and the sample alone: not on
+    which worker reads it, nor on the order (so a resumed run draws what the first one would)."""
+    crop = {"crop": v2.RandomCrop(size=[8, 8], padding=4)}  # zero padding shows the offset
+
+    def epochs(workers: int) -> list[dict[int, torch.Tensor]]:
+        data = streaming(prepared, augment=crop, num_workers=workers, shuffle_seed=3)
+        data.setup("fit")
+        loader = data.train_dataloader()
+        return [
+            {image.max().item() // STEP: image for batch, _ in loader for image in batch}
+            for _epoch in range(2)
+        ]
+
+    in_process, in_workers = epochs(workers=0), epochs(workers=2)
+    for one, other in zip(in_process, in_workers, strict=True):
+        assert one.keys() == other.keys()
+        assert all(torch.equal(one[i], other[i]) for i in one)
+    first, second = in_process
+    cropped = [i for i in first if i and (first[i] == 0).any()]
+    assert cropped, "the crop moved no image"
+    assert any(not torch.equal(first[i], second[i]) for i in first), "same draws every epoch"
+
+
+def test_checkpoints_hold_the_class_names_and_statistics(prepared: Path, compose_config) -> None:
+    cfg = compose_config(
+        "data=streaming", f"data.input_dir={prepared}", "data.num_workers=0",
+        "data.batch_size=8", "trainer=cpu", "trainer.max_epochs=1", *QUIET,
+    )  # fmt: skip
+    assert cfg.data.num_classes == 2 and list(cfg.data.image_shape) == [1, 8, 8]
+    run(cfg)
+    checkpoint = torch.load(
+        Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt", weights_only=True
+    )
+    state = checkpoint["StreamingDataModule"]
+    assert state["classes"] == ["even", "odd"]
+    assert state["mean"].flatten().tolist() == pytest.approx(read_metadata(str(prepared))["mean"])
+
+
+def train_streaming(compose_config, prepared: Path, folder: Path, *overrides: str, **callbacks):
+    """A 2-epoch run on the prepared copy, in `folder`; what `run` returns is the last val/loss."""
+    cfg = compose_config(
+        "data=streaming", f"data.input_dir={prepared}", "data.batch_size=8",
+        "trainer=cpu", "trainer.max_epochs=2", "trainer.deterministic=true",
+        "optimized_metric=val/loss", "test=false", "logger=none", *QUIET,
+        "callbacks.model_checkpoint.save_top_k=-1",  # last.ckpt every epoch, improved or not
+        *overrides,
+    )  # fmt: skip
+    with open_dict(cfg):
+        cfg.paths.output_dir = str(folder)
+        cfg.callbacks.update(callbacks)
+    return run(cfg)
+
+
+def weights(checkpoint: Path) -> dict[str, torch.Tensor]:
+    return torch.load(checkpoint, weights_only=True)["state_dict"]
+
+
+class SigtermAt(Callback):
+    """Sends this process SIGTERM at the end of training step `step`, as a cluster would."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+STEP_CHECKPOINTS = {
+    "_target_": "lightning.pytorch.callbacks.ModelCheckpoint",
+    "filename": "step_{step}",
+    "every_n_train_steps": 4,
+    "save_top_k": -1,
+    "auto_insert_metric_name": False,
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "stop, workers, schedule",
+    [
+        # The cosine schedule reads trainer.estimated_stepping_batches, which makes the train
+        # loader before the checkpoint's loop state is loaded (Lightning then skips it).
+        ("step checkpoint", 0, []),
+        ("SIGTERM", 2, ["model.scheduler=null"]),
+    ],
+)
+def test_a_run_resumed_mid_epoch_ends_as_the_uninterrupted_one(
+    prepared: Path, compose_config, tmp_path: Path, stop: str, workers: int, schedule: list[str]
+) -> None:
+    """9 batches an epoch: stopped after step 12 (3 into the second epoch) and resumed, the
+    run reads the 6 batches left, in order, and ends with the same weights and val/loss."""
+    overrides = [f"data.num_workers={workers}", "augment=flip_crop", *schedule]
+    steps = {**STEP_CHECKPOINTS, "dirpath": str(tmp_path / "steps")}
+    whole = train_streaming(compose_config, prepared, tmp_path / "whole", *overrides, steps=steps)
+    if stop == "SIGTERM":
+        stopper = {"_target_": f"{__name__}.SigtermAt", "step": 12}
+        with pytest.raises(SystemExit) as stopped:
+            train_streaming(compose_config, prepared, tmp_path / "first", *overrides, stop=stopper)
+        assert stopped.value.code == 128 + signal.SIGTERM
+        checkpoint = tmp_path / "first" / "checkpoints" / "last.ckpt"
+    else:
+        checkpoint = tmp_path / "steps" / "step_12.ckpt"
+    assert torch.load(checkpoint, weights_only=True)["global_step"] == 12
+    resumed = train_streaming(
+        compose_config, prepared, tmp_path / "resumed", *overrides,
+        f"ckpt_path={checkpoint}", "resume_in_new_folder=true",
+    )  # fmt: skip
+    assert resumed == pytest.approx(whole, abs=1e-6)
+    first = weights(tmp_path / "whole" / "checkpoints" / "last.ckpt")
+    second = weights(tmp_path / "resumed" / "checkpoints" / "last.ckpt")
+    for name, value in first.items():
+        torch.testing.assert_close(second[name], value, rtol=0, atol=1e-6)
+
+
+class RecordSamples(Callback):
+    """Writes `<run>/samples_rank<r>.json`: the images of every training and validation batch
+    this process saw, by epoch (for tests: the images say which samples they are)."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, list[list[int]]] = {"train": [], "val": []}
+
+    def _record(self, trainer: L.Trainer, stage: str, images: torch.Tensor, batch_idx: int):
+        data = trainer.datamodule
+        pixels = images[:, 0, 0, 0] * data.std.flatten()[0] + data.mean.flatten()[0]
+        if batch_idx == 0:
+            self.seen[stage].append([])
+        self.seen[stage][-1] += (pixels * 255 / STEP).round().long().tolist()
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._record(trainer, "train", batch[0], batch_idx)
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        if not trainer.sanity_checking:
+            self._record(trainer, "val", batch[0], batch_idx)
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        path = Path(trainer.default_root_dir) / f"samples_rank{trainer.global_rank}.json"
+        path.write_text(json.dumps(self.seen))
+
+
+@pytest.mark.slow
+def test_two_processes_read_disjoint_parts_of_each_epoch_in_step(
+    prepared: Path, tmp_path: Path
+) -> None:
+    """77 training images over 2 processes of 4: each reads 36 others, 9 batches, every epoch
+    (no process waits at the end); validation: one batch of 4 each, 8 of its 9 images, once."""
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"),
+        "data=streaming", f"data.input_dir={prepared}", "data.batch_size=8",
+        "data.num_workers=1", "augment=none", "trainer=ddp_cpu", "trainer.max_epochs=2",
+        "logger=none", "test=false", "+callbacks.record._target_=test_streaming.RecordSamples",
+        "hydra.run.dir=run", *QUIET],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+        # The ranks import this module for RecordSamples.
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )  # fmt: skip
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    ranks = [json.loads((tmp_path / "run" / f"samples_rank{r}.json").read_text()) for r in (0, 1)]
+    train = [rank["train"] for rank in ranks]
+    assert [len(epochs) for epochs in train] == [2, 2]
+    for epoch in range(2):
+        first, second = train[0][epoch], train[1][epoch]
+        assert len(first) == len(second) == 36
+        assert not set(first) & set(second)
+        assert len(set(first)) == 36
+    assert train[0][0] != train[0][1], "the same order every epoch"
+    val = ranks[0]["val"][0] + ranks[1]["val"][0]
+    assert len(val) == len(set(val)) == 8
+    assert not set(val) & set(train[0][0] + train[1][0])
