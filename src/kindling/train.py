@@ -27,7 +27,7 @@ from kindling.callbacks import (
     CheckpointOnInterrupt,
     ConfigInCheckpoint,
     ContinueMetrics,
-    RestoreRandomState,
+    ResumeExactly,
 )
 from kindling.data.batched import per_device_batch_size
 from kindling.data.folder import class_count
@@ -115,7 +115,7 @@ def train_and_test(cfg: DictConfig) -> float | None:
         *instantiate_group(cfg.get("callbacks"), "callbacks"),
         # Always on: what a checkpoint needs to be self-contained and resumable exactly.
         ConfigInCheckpoint(config, run_provenance),
-        RestoreRandomState(),
+        ResumeExactly(),
         ContinueMetrics(),
         CheckpointOnInterrupt(),
     ]

@@ -33,9 +33,8 @@ class ImageDataModule(BatchedDataModule):
         persistent_workers: keep workers alive between epochs (when `num_workers > 0`).
         seed: seed of the validation split, independent of the run's seed (the split stays the
             same across a seed sweep).
-        shuffle_seed: seed of the order of training batches with `on_device` (configs pass the
-            run's `seed`); None draws one, the same on every rank. The DataLoader path follows
-            the run's seed already (Lightning seeds its samplers with it).
+        shuffle_seed: seed of the order of training batches (configs pass the run's `seed`);
+            None draws one, the same on every rank.
         on_device: keep the whole data set on the training device (one copy at the start) and
             serve batches there with `DeviceTensorLoader`, instead of DataLoader workers.
         augment: training-time augmentation (the `augment` config group): random crops and
@@ -115,11 +114,14 @@ class ImageDataModule(BatchedDataModule):
         return self.batch_augment(images, generator, self._fill), labels
 
     def state_dict(self) -> dict[str, Any]:
-        # Lightning stores this in every checkpoint: prediction needs no training data.
-        return {"mean": self.mean, "std": self.std}
+        # Lightning stores this in every checkpoint: prediction needs no training data; a run
+        # resumed mid-epoch draws the augmentation of its next batch as if never stopped.
+        return {"mean": self.mean, "std": self.std, "augment": self.generator.state_dict()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.mean, self.std = state_dict["mean"], state_dict["std"]
+        if "augment" in state_dict:
+            self.generator.load_state_dict(state_dict["augment"])
 
     def _check(self, images: torch.Tensor, labels: torch.Tensor) -> None:
         expected = tuple(self.hparams.image_shape)
@@ -143,9 +145,6 @@ class ImageDataModule(BatchedDataModule):
         # copied once, and augmentation belongs to each training batch, not to the copy.
         strategy = self.trainer.strategy
         tensors = move_data_to_device(dataset.tensors, strategy.root_device)
-        seed = self.hparams.shuffle_seed
-        if seed is None:  # an unseeded run: a new order, the same on every rank
-            seed = strategy.broadcast(int(torch.randint(2**31, ())))
         return DeviceTensorLoader(
             tensors,
             self.batch_size_per_device,
@@ -153,7 +152,7 @@ class ImageDataModule(BatchedDataModule):
             drop_last=drop_last,
             rank=self.trainer.global_rank,
             world_size=self.trainer.world_size,
-            seed=seed,
+            seed=self.shuffle_seed,
             # Training keeps the ranks in step; evaluation sees every sample exactly once.
             even_shards=shuffle,
         )
