@@ -154,8 +154,6 @@ class ImageDataModule(BatchedDataModule):
             choice = self.hparams.on_device
             if choice == "auto":
                 choice = self._fits_on_device()
-                # Every rank serves batches the same way, or their steps would not match.
-                choice = self.trainer.strategy.reduce_boolean_decision(choice, all=True)
             self._on_device = bool(choice)
         return self._on_device
 
@@ -165,7 +163,8 @@ class ImageDataModule(BatchedDataModule):
         splits = (self.data_train, self.data_val, self.data_test)
         size = sum(t.nbytes for split in splits if split is not None for t in split.tensors)
         free, _total = torch.cuda.mem_get_info(self.trainer.strategy.root_device)
-        return size <= ON_DEVICE_SHARE * free
+        # Every rank serves batches the same way, or their steps would not match.
+        return self.trainer.strategy.reduce_boolean_decision(size <= ON_DEVICE_SHARE * free)
 
     def _loader(
         self, dataset: BatchIndexedTensors | None, shuffle: bool, drop_last: bool = False
