@@ -8,6 +8,8 @@
 - `kindling.data.device_loader.DeviceTensorLoader` has Lightning call its `set_epoch` although it
   is not a DataLoader: `lightning.fabric.utilities.data._set_sampler_epoch`, which the fit loop
   calls with each loader and which calls `loader.sampler.set_epoch(epoch)`.
+- `kindling.callbacks.CheckpointOnInterrupt` holds a SIGTERM that arrives during validation until
+  validation ends: `_SignalConnector.received_sigterm`, the flag Lightning's loops stop on.
 - `kindling.callbacks.ResumeExactly` gives a resumed run's training loader the checkpoint's state
   and a new iterator: `_FitLoop._combined_loader` and `_data_fetcher`, made in `setup_data`, and
   `CombinedLoader._load_state_dicts(states)`.
@@ -30,6 +32,7 @@ from lightning.fabric.utilities.throughput import Throughput
 from lightning.pytorch.callbacks import ThroughputMonitor
 from lightning.pytorch.loops import fit_loop
 from lightning.pytorch.strategies.launchers import subprocess_script as pytorch_launcher
+from lightning.pytorch.trainer.connectors.signal_connector import _SignalConnector
 from lightning.pytorch.utilities.combined_loader import CombinedLoader
 
 from kindling.utils.errors import UserError
@@ -142,6 +145,7 @@ def continue_training_loader(trainer: lightning.Trainer, states: list[dict]) -> 
     epoch, which a sampler's position belongs to) and start a new iterator over them."""
     check_sampler_epoch()
     check_training_loader()
+    check_sigterm_flag()
     loop = trainer.fit_loop
     combined, fetcher = loop._combined_loader, loop._data_fetcher
     if combined is None or fetcher is None:
@@ -152,9 +156,25 @@ def continue_training_loader(trainer: lightning.Trainer, states: list[dict]) -> 
     iter(fetcher)
 
 
+@functools.cache
+def check_sigterm_flag() -> None:
+    _require(
+        _calls(_SignalConnector.__init__, "received_sigterm")
+        and isinstance(inspect.getattr_static(lightning.Trainer, "received_sigterm"), property),
+        "_SignalConnector.received_sigterm, read by Trainer.received_sigterm",
+    )
+
+
+def set_sigterm_received(trainer: lightning.Trainer, received: bool) -> None:
+    """Set the flag Lightning's loops read to stop at the end of a step (and say SIGTERM came)."""
+    check_sigterm_flag()
+    trainer._signal_connector.received_sigterm = received
+
+
 def check_all() -> None:
     """Every check above: the run stops before any work if one fails."""
     check_hydra_launchers()
     check_throughput_monitor()
     check_sampler_epoch()
     check_training_loader()
+    check_sigterm_flag()
