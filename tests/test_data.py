@@ -216,8 +216,8 @@ def test_val_fraction_out_of_range_fails_at_construction(
 
 
 def test_batches_are_split_over_the_world_size(tmp_path: Path) -> None:
-    dm = make_digits(tmp_path, batch_size=32)
-    dm.trainer = SimpleNamespace(world_size=2, accelerator=None)
+    dm = make_digits(tmp_path, batch_size=32, shuffle_seed=0)
+    dm.trainer = SimpleNamespace(world_size=2, global_rank=0, accelerator=None)
     dm.setup("fit")
     assert dm.batch_size_per_device == 16
     images, _ = next(iter(dm.train_dataloader()))

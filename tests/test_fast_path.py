@@ -44,7 +44,7 @@ def test_channels_last_gives_the_same_loss_curve(compose_config, tmp_path: Path)
     nhwc = train_losses(compose_config, tmp_path / "nhwc", "model.channels_last=true")
     assert len(plain) == len(nhwc) == 3
     # Same math; other kernels sum in another order, so the last bits differ.
-    assert nhwc == pytest.approx(plain, rel=1e-3)
+    assert nhwc == pytest.approx(plain, rel=2e-3)
 
 
 def test_bf16_mixed_precision_follows_the_float32_curve(compose_config, tmp_path: Path) -> None:

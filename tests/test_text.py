@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from lightning.fabric.utilities.data import _set_sampler_epoch
 
 from kindling.data import CharTextDataModule
 from kindling.data import text as text_module
@@ -117,11 +118,13 @@ def test_batches_are_windows_of_the_corpus(tmp_path: Path) -> None:
     assert torch.equal(inputs[:, 1:], targets[:, :-1])
 
 
-def training_starts(dm: CharTextDataModule) -> list[int]:
-    """Where each training window of one epoch starts in the training text."""
+def training_starts(dm: CharTextDataModule, epoch: int = 0) -> list[int]:
+    """Where each training window of epoch `epoch` starts in the training text."""
     tokens = dm.data_train.tokens.tolist()
     starts = []
-    for inputs, _ in dm.train_dataloader():
+    loader = dm.train_dataloader()
+    _set_sampler_epoch(loader, epoch)  # as Lightning does at the start of every epoch
+    for inputs, _ in loader:
         for window in inputs.tolist():
             starts.append(next(i for i in range(len(tokens)) if tokens[i : i + 8] == window))
     return starts
@@ -143,7 +146,7 @@ def test_training_windows_start_at_new_random_places_each_epoch(tmp_path: Path) 
 def test_without_random_offsets_every_epoch_shuffles_the_same_windows(tmp_path: Path) -> None:
     dm = make_text(tmp_path, "".join(chr(0x100 + i) for i in range(400)), random_offsets=False)
     dm.setup("fit")
-    first, second = training_starts(dm), training_starts(dm)
+    first, second = training_starts(dm, epoch=0), training_starts(dm, epoch=1)
     assert sorted(first) == sorted(second) == list(range(0, 272, 8))
     assert first != second
 
@@ -155,9 +158,10 @@ def test_a_test_fraction_of_0_tests_on_the_validation_text(tmp_path: Path) -> No
     assert len(dm.data_train.tokens) == len(CORPUS) - round(len(CORPUS) * 0.1)
 
 
-def test_batches_are_split_over_the_world_size(tmp_path: Path) -> None:
+def test_batches_are_split_over_the_world_size(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("PL_GLOBAL_SEED", "0")  # the run's seed, which orders training batches
     dm = make_text(tmp_path, batch_size=4)
-    dm.trainer = SimpleNamespace(world_size=2, accelerator=None)
+    dm.trainer = SimpleNamespace(world_size=2, global_rank=0, accelerator=None)
     dm.setup("fit")
     inputs, _ = next(iter(dm.train_dataloader()))
     assert dm.batch_size_per_device == 2 and inputs.shape[0] == 2

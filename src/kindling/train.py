@@ -27,7 +27,7 @@ from kindling.callbacks import (
     CheckpointOnInterrupt,
     ConfigInCheckpoint,
     ContinueMetrics,
-    RestoreRandomState,
+    ResumeExactly,
 )
 from kindling.data.batched import per_device_batch_size
 from kindling.data.folder import class_count
@@ -151,7 +151,7 @@ def build_trainer(
         *instantiate_group(cfg.get("callbacks"), "callbacks"),
         # Always on: what a checkpoint needs to be self-contained and resumable exactly.
         ConfigInCheckpoint(OmegaConf.to_container(cfg, resolve=True), run_provenance),
-        RestoreRandomState(),
+        ResumeExactly(),
         ContinueMetrics(),
         CheckpointOnInterrupt(),
         *extra_callbacks,

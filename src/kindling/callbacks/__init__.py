@@ -7,7 +7,7 @@ from kindling.callbacks.divergence import DivergenceError, StopOnDivergence
 from kindling.callbacks.interrupt import CheckpointOnInterrupt
 from kindling.callbacks.optuna_pruning import OptunaPruning
 from kindling.callbacks.plots import RunPlots
-from kindling.callbacks.resume import RestoreRandomState
+from kindling.callbacks.resume import ResumeExactly
 
 __all__ = [
     "CheckpointOnInterrupt",
@@ -16,7 +16,7 @@ __all__ = [
     "DeviceReport",
     "DivergenceError",
     "OptunaPruning",
-    "RestoreRandomState",
+    "ResumeExactly",
     "RunPlots",
     "StopOnDivergence",
 ]

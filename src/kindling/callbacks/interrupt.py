@@ -5,12 +5,15 @@ import signal
 import threading
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from kindling.utils import lightning_patches
 
 
 class CheckpointOnInterrupt(Callback):
@@ -22,6 +25,11 @@ class CheckpointOnInterrupt(Callback):
     step; a second Ctrl-C stops at once, without a checkpoint. The checkpoint holds the loop
     state, so `ckpt_path=<it>` resumes mid-epoch. The run exits with 128 + the signal's number
     (130 for Ctrl-C, 143 for SIGTERM); `saved_path` tells the caller where the checkpoint went.
+
+    A signal that arrives during the validation of a fit waits until that validation ends (it is
+    short next to training): Lightning would stop in the middle of it, and a run resumed from
+    there never validates that epoch. So every epoch is validated exactly once, and the run
+    stops at the end of its epoch (or, for validation within an epoch, at the next step).
     """
 
     def __init__(self, filename: str = "last.ckpt"):
@@ -29,6 +37,7 @@ class CheckpointOnInterrupt(Callback):
         self.saved_path: Path | None = None
         self.stopped_by: signal.Signals | None = None
         self._ctrl_c_before: signal.Handlers | None = None
+        self._held = False  # a SIGTERM held until the validation it came in ends
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # Lightning's SIGTERM handler is in place by now (and only on platforms that have one).
@@ -42,6 +51,17 @@ class CheckpointOnInterrupt(Callback):
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._restore_ctrl_c()
+
+    def on_validation_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        # Lightning stops after this hook when the flag is up; hold it down until the end.
+        if trainer.state.fn == TrainerFn.FITTING and trainer.received_sigterm:
+            lightning_patches.set_sigterm_received(trainer, False)
+            self._held = True
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._held:
+            lightning_patches.set_sigterm_received(trainer, True)
+            self._held = False
 
     def _stop_at_step_end(self, signum: int, frame: FrameType | None) -> None:
         self._restore_ctrl_c()  # a second Ctrl-C raises KeyboardInterrupt at once

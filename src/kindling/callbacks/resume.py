@@ -1,4 +1,5 @@
-"""What a resumed run needs beyond weights and loop state: the random number generators."""
+"""What a resumed run needs beyond weights and loop state: the random number generators, and the
+training loader where the checkpoint left it."""
 
 import random
 from typing import Any
@@ -7,6 +8,8 @@ import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
+
+from kindling.utils import lightning_patches
 
 
 def rng_states() -> dict[str, Any]:
@@ -30,29 +33,40 @@ def set_rng_states(states: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(states["cuda"])
 
 
-class RestoreRandomState(Callback):
-    """Save the generators with each checkpoint and restore them when training resumes.
+class ResumeExactly(Callback):
+    """A run resumed from a checkpoint goes on as if it had never stopped, mid-epoch too.
 
-    Lightning restores weights, optimizer and loop state, but not the generators that shuffle
-    the data and draw dropout masks; with them, 2 epochs + resume equals 4 epochs straight.
-    The sanity-check validation before training draws from them too (each DataLoader iterator
-    takes a seed), so it is made to leave them as it found them.
+    Lightning restores weights, optimizer and loop state, and saves the state of a training
+    loader that has one (torchdata's `StatefulDataLoader`, `DeviceTensorLoader`); this adds the
+    generators that draw dropout masks, saved with each checkpoint, and makes sure the loader's
+    state is the one training continues from. Lightning gives it to the loader only when it
+    makes the loader after loading the checkpoint, and kindling's schedulers make it before
+    (they read `trainer.estimated_stepping_batches`, Lightning issue 20550); and its iterator is
+    made before the epoch is set. So at the start of training the loader gets the epoch, then
+    the checkpoint's state, then a new iterator; then the generators get theirs, last, so
+    nothing a resumed run does before its first step draws from them.
     """
 
     def __init__(self) -> None:
-        self._before_sanity_check: dict[str, Any] | None = None
+        self._rng: dict[str, Any] | None = None
+        self._loader_states: list[dict[str, Any]] = []
 
     def state_dict(self) -> dict[str, Any]:
         return {"rng": rng_states()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        if "rng" in state_dict:
-            set_rng_states(state_dict["rng"])
+        self._rng = state_dict.get("rng")
 
-    def on_sanity_check_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._before_sanity_check = rng_states()
+    def on_load_checkpoint(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        fit_loop = checkpoint.get("loops", {}).get("fit_loop", {})
+        self._loader_states = fit_loop.get("state_dict", {}).get("combined_loader", [])
 
-    def on_sanity_check_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self._before_sanity_check is not None:
-            set_rng_states(self._before_sanity_check)
-            self._before_sanity_check = None
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._loader_states:
+            lightning_patches.continue_training_loader(trainer, self._loader_states)
+            self._loader_states = []
+        if self._rng is not None:
+            set_rng_states(self._rng)
+            self._rng = None

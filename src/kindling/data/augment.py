@@ -8,6 +8,7 @@ transform called on a batch draws once for all of it).
 """
 
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -100,20 +101,29 @@ class BatchAugment:
 
 
 class DeviceGenerator:
-    """A random generator on the batches' device, seeded again at each epoch from the run's
-    seed, the epoch and the process rank: draws repeat across runs and resumptions, and differ
-    between the processes of a multi-device run."""
+    """A random generator on the batches' device, seeded for each batch from the run's seed, the
+    epoch, the batch's place in the epoch and the process rank: draws repeat across runs, differ
+    between the processes of a multi-device run, and, with the place saved in checkpoints
+    (`state_dict`), a run resumed mid-epoch draws for its next batch what it would have drawn."""
 
     def __init__(self, seed: int):
         self.seed = seed
         self.generator: torch.Generator | None = None
         self.epoch: int | None = None
+        self.batch = 0  # batches drawn for in this epoch
 
     def __call__(self, device: torch.device, epoch: int, rank: int) -> torch.Generator:
         if self.generator is None or self.generator.device != device:
-            self.generator, self.epoch = torch.Generator(device=device), None
+            self.generator = torch.Generator(device=device)
         if self.epoch != epoch:
-            # Kept below 2**63: an unseeded run's seed may be any 64-bit number.
-            self.generator.manual_seed((self.seed + 1_000_003 * epoch + 7919 * rank) % 2**63)
-            self.epoch = epoch
+            self.epoch, self.batch = epoch, 0
+        # A tuple of ints hashes the same in every process; kept below 2**63.
+        self.generator.manual_seed(hash((self.seed, epoch, self.batch, rank)) % 2**63)
+        self.batch += 1
         return self.generator
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "batch": self.batch}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.epoch, self.batch = state["epoch"], state["batch"]

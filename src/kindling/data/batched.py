@@ -1,11 +1,15 @@
 """What every kindling data module shares: a global batch size and its DataLoaders."""
 
+import itertools
 import os
+from collections.abc import Iterator
 
 import lightning as L
+import torch
 from lightning.pytorch.accelerators import CUDAAccelerator
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
+from torchdata.stateful_dataloader import StatefulDataLoader
 
 from kindling.utils.errors import UserError
 
@@ -35,6 +39,39 @@ def default_num_workers(processes_per_node: int) -> int:
     return max(1, cpus // max(1, processes_per_node))
 
 
+class TrainingOrder(DistributedSampler):
+    """The order of training samples: `DistributedSampler`'s permutation of the epoch (Lightning
+    calls `set_epoch`), this process's share of it, and where the epoch stands.
+
+    Its state (seed, epoch, samples served) is what torchdata's `StatefulDataLoader` saves for a
+    sampler, with the loader's workers, in every checkpoint (Lightning's loop state); a run
+    resumed from one serves the rest of that epoch, in the same order. A saved position applies
+    to its own epoch only: a checkpoint written as an epoch ended starts the next one afresh.
+    """
+
+    def __init__(self, dataset: Dataset, num_replicas: int, rank: int, seed: int):
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed)
+        self.served = 0
+        self._resume_at: tuple[int, int] | None = None  # (epoch, served) of a loaded state
+
+    def __iter__(self) -> Iterator[int]:
+        skip = 0
+        if self._resume_at is not None and self._resume_at[0] == self.epoch:
+            skip = self._resume_at[1]
+        self._resume_at = None
+        self.served = skip
+        for index in itertools.islice(super().__iter__(), skip, None):
+            self.served += 1
+            yield index
+
+    def state_dict(self) -> dict[str, int]:
+        return {"seed": self.seed, "epoch": self.epoch, "served": self.served}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.seed = state["seed"]
+        self._resume_at = (state["epoch"], state["served"])
+
+
 class BatchedDataModule(L.LightningDataModule):
     """Serves `data_train`, `data_val` and `data_test` (set by a subclass's `setup`).
 
@@ -56,6 +93,20 @@ class BatchedDataModule(L.LightningDataModule):
         return per_device_batch_size(self.hparams.batch_size, world_size)
 
     @property
+    def shuffle_seed(self) -> int:
+        """The seed of the training order: `shuffle_seed` where a data module has it, else the
+        run's seed (`seed_everything` sets PL_GLOBAL_SEED), else one drawn (the same on every
+        rank)."""
+        seed = self.hparams.get("shuffle_seed")
+        if seed is None and os.environ.get("PL_GLOBAL_SEED") is not None:
+            seed = int(os.environ["PL_GLOBAL_SEED"])
+        if seed is None:
+            seed = int(torch.randint(2**31, ()))
+            if self.trainer is not None:
+                seed = self.trainer.strategy.broadcast(seed)
+        return seed
+
+    @property
     def num_workers(self) -> int:
         if self.hparams.num_workers is not None:
             return self.hparams.num_workers
@@ -72,18 +123,26 @@ class BatchedDataModule(L.LightningDataModule):
             raise RuntimeError("call setup() before asking for a data loader")
         on_cuda = self.trainer is not None and isinstance(self.trainer.accelerator, CUDAAccelerator)
         workers = self.num_workers
-        distributed = self.trainer is not None and self.trainer.world_size > 1
-        if sampler is None and not shuffle and distributed:
+        world_size = self.trainer.world_size if self.trainer is not None else 1
+        rank = self.trainer.global_rank if self.trainer is not None else 0
+        generator = None
+        if shuffle:
+            # Lightning keeps a DistributedSampler it is given (and calls its set_epoch). Shifted:
+            # seed 1's second epoch is not seed 2's first (the sampler adds the epoch).
+            seed = self.shuffle_seed << 20
+            sampler, shuffle = TrainingOrder(dataset, world_size, rank, seed), False
+            # Worker seeds come from the loader's own generator, not torch's global one: a
+            # resumed run's dropout draws do not depend on when its loaders were made.
+            generator = torch.Generator().manual_seed(sampler.seed)
+        if sampler is None and world_size > 1:
             # Evaluation sees every sample exactly once; the ranks' batch counts may differ by
             # one, which is safe: no evaluation step waits for the other ranks. (Lightning's own
             # DistributedSampler, which it keeps out when given this one, repeats samples.)
             sampler = UnrepeatedDistributedSampler(
-                dataset,
-                num_replicas=self.trainer.world_size,
-                rank=self.trainer.global_rank,
-                shuffle=False,
+                dataset, num_replicas=world_size, rank=rank, shuffle=False
             )
-        return DataLoader(
+        # torchdata's loader saves its position (sampler, workers) in Lightning's checkpoints.
+        return StatefulDataLoader(
             dataset,
             batch_size=self.batch_size_per_device,
             shuffle=shuffle,
@@ -95,6 +154,7 @@ class BatchedDataModule(L.LightningDataModule):
             drop_last=drop_last,
             # A data set whose samples do not stack (encoded files) brings its own.
             collate_fn=getattr(dataset, "collate", None),
+            generator=generator,
         )
 
     def train_dataloader(self) -> DataLoader:

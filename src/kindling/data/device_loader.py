@@ -1,6 +1,7 @@
 """Batches of an in-memory data set that lives on the training device: no workers, no copies."""
 
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -19,6 +20,10 @@ class DeviceTensorLoader:
     With `even_shards` (training) the tail that does not divide evenly is dropped, so that all
     ranks run the same steps; without (evaluation), every sample is served exactly once and the
     ranks' shares differ by at most one sample.
+
+    Like torchdata's `StatefulDataLoader`, it has a `state_dict` (the epoch and the batches served
+    in it) that Lightning saves in checkpoints: a run resumed mid-epoch serves the rest of that
+    epoch's batches. A saved position applies to its own epoch only.
     """
 
     def __init__(
@@ -48,9 +53,18 @@ class DeviceTensorLoader:
         size = len(tensors[0])
         # Samples per rank.
         self.num_samples = size // world_size if even_shards else len(range(rank, size, world_size))
+        self.served = 0  # batches of this epoch
+        self._resume_at: tuple[int, int] | None = None  # (epoch, served) of a loaded state
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"seed": self.seed, "epoch": self.epoch, "served": self.served}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.seed = state["seed"]
+        self._resume_at = (state["epoch"], state["served"])
 
     def __len__(self) -> int:
         if self.drop_last:
@@ -68,6 +82,12 @@ class DeviceTensorLoader:
         else:
             order = torch.arange(size, device=device)
         mine = order[:total][self.rank :: self.world_size]
-        for start in range(0, len(self) * self.batch_size, self.batch_size):
+        skip = 0
+        if self._resume_at is not None and self._resume_at[0] == self.epoch:
+            skip = self._resume_at[1]
+        self._resume_at = None
+        self.served = skip
+        for start in range(skip * self.batch_size, len(self) * self.batch_size, self.batch_size):
             index = mine[start : start + self.batch_size]
+            self.served += 1
             yield tuple(t[index] for t in self.tensors)

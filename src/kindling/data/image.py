@@ -6,12 +6,17 @@ from typing import Any
 
 import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
-from torch.utils.data import DataLoader, TensorDataset
+from lightning.pytorch.accelerators import CUDAAccelerator
+from torch.utils.data import DataLoader
 
 from kindling.data.augment import BatchAugment, DeviceGenerator, Transform
 from kindling.data.batched import BatchedDataModule, per_device_batch_size
 from kindling.data.device_loader import DeviceTensorLoader
+from kindling.data.in_memory import BatchIndexedTensors
 from kindling.utils.errors import UserError
+
+# data.on_device=auto: the share of the device's free memory the whole data set may take.
+ON_DEVICE_SHARE = 0.25
 
 Split = tuple[torch.Tensor, torch.Tensor]  # images (N, C, H, W) float in [0, 1], labels (N,) int64
 
@@ -33,14 +38,15 @@ class ImageDataModule(BatchedDataModule):
         persistent_workers: keep workers alive between epochs (when `num_workers > 0`).
         seed: seed of the validation split, independent of the run's seed (the split stays the
             same across a seed sweep).
-        shuffle_seed: seed of the order of training batches with `on_device` (configs pass the
-            run's `seed`); None draws one, the same on every rank. The DataLoader path follows
-            the run's seed already (Lightning seeds its samplers with it).
+        shuffle_seed: seed of the order of training batches (configs pass the run's `seed`);
+            None draws one, the same on every rank.
         on_device: keep the whole data set on the training device (one copy at the start) and
-            serve batches there with `DeviceTensorLoader`, instead of DataLoader workers.
+            serve batches there with `DeviceTensorLoader`, instead of a DataLoader. `auto`: on a
+            CUDA device when the three splits take at most `ON_DEVICE_SHARE` of its free memory
+            (on every rank); elsewhere the DataLoader, which indexes a whole batch at once.
         augment: training-time augmentation (the `augment` config group): random crops and
             flips applied to each training batch on the device, one draw per image, seeded by
-            the run's seed, the epoch and the process rank.
+            the run's seed, the epoch, the batch and the process rank.
     """
 
     def __init__(
@@ -54,7 +60,7 @@ class ImageDataModule(BatchedDataModule):
         pin_memory: bool = True,
         persistent_workers: bool = True,
         seed: int = 0,
-        on_device: bool = False,
+        on_device: bool | str = "auto",
         shuffle_seed: int | None = None,
         augment: Mapping[str, Transform | None] | None = None,
     ):
@@ -67,12 +73,15 @@ class ImageDataModule(BatchedDataModule):
         per_device_batch_size(batch_size, 1)  # fail at construction on a non-positive size
         if not 0.0 < val_fraction < 1.0:
             raise UserError(f"data.val_fraction must be between 0 and 1, got {val_fraction}.")
+        if on_device not in (True, False, "auto"):
+            raise UserError(f"data.on_device must be true, false or auto, got {on_device!r}.")
+        self._on_device: bool | None = None  # `on_device` decided, once the trainer is known
         # Per-channel statistics of the training split, saved in checkpoints for prediction.
         self.mean: torch.Tensor | None = None
         self.std: torch.Tensor | None = None
-        self.data_train: TensorDataset | None = None
-        self.data_val: TensorDataset | None = None
-        self.data_test: TensorDataset | None = None
+        self.data_train: BatchIndexedTensors | None = None
+        self.data_val: BatchIndexedTensors | None = None
+        self.data_test: BatchIndexedTensors | None = None
 
     @abstractmethod
     def load_splits(self) -> tuple[Split, Split]:
@@ -94,9 +103,9 @@ class ImageDataModule(BatchedDataModule):
         self.mean = train_images[train_idx].mean(dim=(0, 2, 3), keepdim=True)
         self.std = train_images[train_idx].std(dim=(0, 2, 3), keepdim=True).clamp_min(1e-6)
         train, val = train_images[train_idx], train_images[val_idx]
-        self.data_train = TensorDataset(self.standardise(train), train_labels[train_idx])
-        self.data_val = TensorDataset(self.standardise(val), train_labels[val_idx])
-        self.data_test = TensorDataset(self.standardise(test_images), test_labels)
+        self.data_train = BatchIndexedTensors(self.standardise(train), train_labels[train_idx])
+        self.data_val = BatchIndexedTensors(self.standardise(val), train_labels[val_idx])
+        self.data_test = BatchIndexedTensors(self.standardise(test_images), test_labels)
 
     def standardise(self, images: torch.Tensor) -> torch.Tensor:
         """Images in [0, 1] -> what the model was trained on."""
@@ -115,11 +124,14 @@ class ImageDataModule(BatchedDataModule):
         return self.batch_augment(images, generator, self._fill), labels
 
     def state_dict(self) -> dict[str, Any]:
-        # Lightning stores this in every checkpoint: prediction needs no training data.
-        return {"mean": self.mean, "std": self.std}
+        # Lightning stores this in every checkpoint: prediction needs no training data; a run
+        # resumed mid-epoch draws the augmentation of its next batch as if never stopped.
+        return {"mean": self.mean, "std": self.std, "augment": self.generator.state_dict()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.mean, self.std = state_dict["mean"], state_dict["std"]
+        if "augment" in state_dict:
+            self.generator.load_state_dict(state_dict["augment"])
 
     def _check(self, images: torch.Tensor, labels: torch.Tensor) -> None:
         expected = tuple(self.hparams.image_shape)
@@ -134,26 +146,45 @@ class ImageDataModule(BatchedDataModule):
                 f"num_classes={self.hparams.num_classes}. Fix data.num_classes."
             )
 
+    def serves_on_device(self) -> bool:
+        """Whether batches come from `DeviceTensorLoader` (`on_device`, with `auto` decided)."""
+        if self.trainer is None:
+            return False
+        if self._on_device is None:
+            choice = self.hparams.on_device
+            if choice == "auto":
+                choice = self._fits_on_device()
+            self._on_device = bool(choice)
+        return self._on_device
+
+    def _fits_on_device(self) -> bool:
+        if not isinstance(self.trainer.accelerator, CUDAAccelerator):
+            return False
+        splits = (self.data_train, self.data_val, self.data_test)
+        size = sum(t.nbytes for split in splits if split is not None for t in split.tensors)
+        free, _total = torch.cuda.mem_get_info(self.trainer.strategy.root_device)
+        # Every rank serves batches the same way, or their steps would not match.
+        return self.trainer.strategy.reduce_boolean_decision(size <= ON_DEVICE_SHARE * free)
+
     def _loader(
-        self, dataset: TensorDataset | None, shuffle: bool, drop_last: bool = False
+        self, dataset: BatchIndexedTensors | None, shuffle: bool, drop_last: bool = False
     ) -> DataLoader | DeviceTensorLoader:
-        if not (self.hparams.on_device and self.trainer is not None and dataset is not None):
+        if dataset is None or not self.serves_on_device():
             return super()._loader(dataset, shuffle, drop_last=drop_last)
         # To the strategy's device (this process's), without the batch hooks: the whole set is
         # copied once, and augmentation belongs to each training batch, not to the copy.
         strategy = self.trainer.strategy
         tensors = move_data_to_device(dataset.tensors, strategy.root_device)
-        seed = self.hparams.shuffle_seed
-        if seed is None:  # an unseeded run: a new order, the same on every rank
-            seed = strategy.broadcast(int(torch.randint(2**31, ())))
         return DeviceTensorLoader(
             tensors,
             self.batch_size_per_device,
             shuffle=shuffle,
-            drop_last=drop_last,
+            # Training batches all have one shape: a last, smaller one would make torch.compile
+            # compile again (and give BatchNorm a tiny batch); kept if it is the only one.
+            drop_last=shuffle and len(dataset) >= self.hparams.batch_size,
             rank=self.trainer.global_rank,
             world_size=self.trainer.world_size,
-            seed=seed,
+            seed=self.shuffle_seed,
             # Training keeps the ranks in step; evaluation sees every sample exactly once.
             even_shards=shuffle,
         )

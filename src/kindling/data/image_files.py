@@ -3,10 +3,11 @@
 import logging
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from PIL import Image
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, get_worker_info
 from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms.v2.functional import pil_to_tensor, resize
 
@@ -55,6 +56,11 @@ class ImageFiles(Dataset):
         skip_unreadable: serve the next readable file in place of one that cannot be decoded
             (named in a warning, once per worker) so a run never dies mid-epoch on a bad file
             and every batch keeps its size; otherwise raise `UnreadableImage`.
+
+    In a DataLoader worker its state is the worker's torch generator, which `transform` draws
+    from: torchdata's `StatefulDataLoader` saves it with the loader's position, so a run resumed
+    mid-epoch augments the rest of the epoch as it would have. `rank` (set by the data module)
+    keeps one process's generators from being given to another's workers.
     """
 
     def __init__(
@@ -70,6 +76,16 @@ class ImageFiles(Dataset):
         self.transform = transform
         self.skip_unreadable = skip_unreadable
         self.reported: set[Path] = set()
+        self.rank = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        if get_worker_info() is None:  # in the main process, the run's generators are saved
+            return {}
+        return {"rank": self.rank, "torch": torch.get_rng_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state and get_worker_info() is not None and state["rank"] == self.rank:
+            torch.set_rng_state(state["torch"])
 
     def __len__(self) -> int:
         return len(self.samples)

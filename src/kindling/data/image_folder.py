@@ -196,6 +196,11 @@ class ImageFolderDataModule(BatchedDataModule):
                 f"trained on {', '.join(trained)}. Use a folder with the checkpoint's classes."
             )
 
+    def train_dataloader(self) -> DataLoader:
+        if isinstance(self.data_train, ImageFiles) and self.trainer is not None:
+            self.data_train.rank = self.trainer.global_rank
+        return super().train_dataloader()
+
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         if self.hparams.decode_device != "cuda":
             return batch

@@ -8,6 +8,11 @@
 - `kindling.data.device_loader.DeviceTensorLoader` has Lightning call its `set_epoch` although it
   is not a DataLoader: `lightning.fabric.utilities.data._set_sampler_epoch`, which the fit loop
   calls with each loader and which calls `loader.sampler.set_epoch(epoch)`.
+- `kindling.callbacks.CheckpointOnInterrupt` holds a SIGTERM that arrives during validation until
+  validation ends: `_SignalConnector.received_sigterm`, the flag Lightning's loops stop on.
+- `kindling.callbacks.ResumeExactly` gives a resumed run's training loader the checkpoint's state
+  and a new iterator: `_FitLoop._combined_loader` and `_data_fetcher`, made in `setup_data`, and
+  `CombinedLoader._load_state_dicts(states)`.
 
 A Lightning release that renames any of these would make the patch do nothing, silently: every
 DDP rank would start the whole sweep again, MFU would be missing, each epoch would shuffle the
@@ -27,6 +32,8 @@ from lightning.fabric.utilities.throughput import Throughput
 from lightning.pytorch.callbacks import ThroughputMonitor
 from lightning.pytorch.loops import fit_loop
 from lightning.pytorch.strategies.launchers import subprocess_script as pytorch_launcher
+from lightning.pytorch.trainer.connectors.signal_connector import _SignalConnector
+from lightning.pytorch.utilities.combined_loader import CombinedLoader
 
 from kindling.utils.errors import UserError
 
@@ -122,8 +129,52 @@ def check_sampler_epoch() -> None:
     _require(loader.epoch == 3, f"{target} calling `loader.sampler.set_epoch(epoch)`")
 
 
+@functools.cache
+def check_training_loader() -> None:
+    setup_data = fit_loop._FitLoop.setup_data
+    for name in ("_combined_loader", "_data_fetcher"):
+        _require(_calls(setup_data, name), f"_FitLoop.{name}, set by _FitLoop.setup_data")
+    _require(
+        callable(getattr(CombinedLoader, "_load_state_dicts", None)),
+        "CombinedLoader._load_state_dicts(states)",
+    )
+
+
+def continue_training_loader(trainer: lightning.Trainer, states: list[dict]) -> None:
+    """Give the training loaders of a resumed fit the checkpoint's `states` (after their
+    epoch, which a sampler's position belongs to) and start a new iterator over them."""
+    check_sampler_epoch()
+    check_training_loader()
+    check_sigterm_flag()
+    loop = trainer.fit_loop
+    combined, fetcher = loop._combined_loader, loop._data_fetcher
+    if combined is None or fetcher is None:
+        return
+    for loader in combined.flattened:
+        fabric_data._set_sampler_epoch(loader, loop.epoch_progress.current.processed)
+    combined._load_state_dicts(states)
+    iter(fetcher)
+
+
+@functools.cache
+def check_sigterm_flag() -> None:
+    _require(
+        _calls(_SignalConnector.__init__, "received_sigterm")
+        and isinstance(inspect.getattr_static(lightning.Trainer, "received_sigterm"), property),
+        "_SignalConnector.received_sigterm, read by Trainer.received_sigterm",
+    )
+
+
+def set_sigterm_received(trainer: lightning.Trainer, received: bool) -> None:
+    """Set the flag Lightning's loops read to stop at the end of a step (and say SIGTERM came)."""
+    check_sigterm_flag()
+    trainer._signal_connector.received_sigterm = received
+
+
 def check_all() -> None:
     """Every check above: the run stops before any work if one fails."""
     check_hydra_launchers()
     check_throughput_monitor()
     check_sampler_epoch()
+    check_training_loader()
+    check_sigterm_flag()

@@ -26,6 +26,11 @@ UNHELPFUL_WARNINGS = [
         DeprecationWarning,
         # matplotlib converting the tensor torchmetrics' confusion-matrix plot hands it.
     ),
+    (
+        r".*'set_vital' is deprecated.*",
+        UserWarning,
+        # torchdata's StatefulDataLoader calls it on every loader it makes; nothing to change.
+    ),
 ]
 
 
