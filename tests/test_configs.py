@@ -133,8 +133,13 @@ def test_callbacks_and_loggers_are_named_entries(compose_config) -> None:
         "learning_rate_monitor",
         "stop_on_divergence",
     }
-    assert cfg.callbacks.model_checkpoint.save_last is True
     assert cfg.callbacks.model_checkpoint.monitor == "val/acc"
+    assert cfg.callbacks.last_checkpoint.filename == "last"
+    # One key moves every checkpoint, e.g. to object storage.
+    moved = compose_config("callbacks.model_checkpoint.dirpath=memory://bucket/checkpoints")
+    assert {moved.callbacks[name].dirpath for name in ("last_checkpoint", "step_checkpoint")} == {
+        "memory://bucket/checkpoints"
+    }
     assert set(cfg.logger) == {"csv"}
     assert not compose_config("callbacks=none").callbacks
     assert not compose_config("logger=none").logger

@@ -250,3 +250,22 @@ def test_sigterm_during_validation_stops_when_the_epoch_has_validated(
     run(compose_config("trainer=cpu", "debug=limit", "test=false", f"ckpt_path={checkpoint}"))
     validated = [int(r["epoch"]) for r in metrics_csv(tmp_path / "run") if r["val/loss"]]
     assert validated == [0, 1, 2]
+
+
+def test_last_checkpoint_is_the_last_epoch_when_the_best_is_older(
+    compose_config, tmp_path: Path
+) -> None:
+    # A learning rate of 0: val/acc never improves on epoch 0, so the best checkpoint stays at
+    # epoch 0 while last.ckpt must follow every epoch.
+    cfg = compose_config(
+        *REPRODUCIBLE, "trainer.max_epochs=3", "debug=limit", "model.optimizer.lr=0",
+        "model.scheduler=null", "callbacks.early_stopping=null",
+    )  # fmt: skip
+    run(cfg)
+    checkpoints = Path(cfg.paths.output_dir) / "checkpoints"
+    last_epoch = torch.load(checkpoints / "last.ckpt", weights_only=True)["epoch"]
+    assert last_epoch == 3  # epochs completed, as Lightning counts them at the epoch's end
+    assert sorted(path.name for path in checkpoints.glob("*.ckpt")) == [
+        "epoch_000.ckpt",
+        "last.ckpt",
+    ]
