@@ -96,3 +96,21 @@ def test_the_atomic_writer_hands_urls_to_fsspec(bucket: str) -> None:
     (written,) = fsspec.filesystem("memory").ls(bucket, detail=False)
     assert written.endswith(f"{Path(bucket).name}/a.ckpt")
     assert torch.equal(read_checkpoint(f"{bucket}/a.ckpt")["state_dict"]["w"], torch.ones(2))
+
+
+def test_an_interrupt_saves_into_the_url_folder(bucket: str) -> None:
+    from types import SimpleNamespace
+
+    from lightning.pytorch.trainer.states import TrainerFn
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    from kindling.callbacks import CheckpointOnInterrupt
+
+    saved: list[str] = []
+    trainer = SimpleNamespace(
+        checkpoint_callback=SimpleNamespace(dirpath=f"{bucket}/checkpoints"),
+        state=SimpleNamespace(fn=TrainerFn.FITTING), current_epoch=1, global_step=7,
+        default_root_dir="unused", save_checkpoint=saved.append,
+    )  # fmt: skip
+    CheckpointOnInterrupt().on_exception(trainer, None, SIGTERMException())
+    assert saved == [f"{bucket}/checkpoints/last.ckpt"]

@@ -34,7 +34,7 @@ class CheckpointOnInterrupt(Callback):
 
     def __init__(self, filename: str = "last.ckpt"):
         self.filename = filename
-        self.saved_path: Path | None = None
+        self.saved_path: str | None = None
         self.stopped_by: signal.Signals | None = None
         self._ctrl_c_before: signal.Handlers | None = None
         self._held = False  # a SIGTERM held until the validation it came in ends
@@ -88,8 +88,9 @@ class CheckpointOnInterrupt(Callback):
         if trainer.state.fn != TrainerFn.FITTING:
             return
         checkpoint_dir = getattr(trainer.checkpoint_callback, "dirpath", None)
-        folder = Path(checkpoint_dir or Path(trainer.default_root_dir) / "checkpoints")
-        self.saved_path = folder / self.filename
+        folder = str(checkpoint_dir or Path(trainer.default_root_dir) / "checkpoints")
+        # Joined as text: Path would turn the `//` of an s3:// or memory:// folder into `/`.
+        self.saved_path = f"{folder.rstrip('/')}/{self.filename}"
         trainer.save_checkpoint(self.saved_path)
         rank_zero_info(
             f"Interrupted at epoch {trainer.current_epoch}, step {trainer.global_step}. "
