@@ -35,7 +35,8 @@ def test_fast_dev_run_every_model(compose_config, model: str) -> None:
     assert 0.0 <= value <= 1.0
 
 
-def test_seed_zero_is_a_seed(compose_config) -> None:
+def test_seed_zero_is_a_seed(compose_config, monkeypatch) -> None:
+    monkeypatch.delenv("PL_GLOBAL_SEED", raising=False)  # left by an earlier run in this process
     run(compose_config("debug=fdr", "seed=0", *QUIET))
     assert os.environ["PL_GLOBAL_SEED"] == "0"
 
