@@ -145,10 +145,12 @@ def test_trivial_augment_runs_per_image_on_uint8(compose_config, tmp_path: Path)
         "data=image_folder", f"data.path={tmp_path / 'a'}", "augment=trivial_augment"
     )
     dm = instantiate(cfg.data, _convert_="all")
+    assert v2.TrivialAugmentWide in [type(t) for t in dm.transform.transforms]
     image = torch.randint(0, 256, (3, 64, 64), dtype=torch.uint8)
     torch.manual_seed(0)
-    out = dm.transform(image)
-    assert out.dtype == torch.uint8 and out.shape == image.shape
+    outs = [dm.transform(image) for _ in range(5)]  # an operation drawn for each call
+    assert all(out.dtype == torch.uint8 and out.shape == image.shape for out in outs)
+    assert sum(not torch.equal(out, image) for out in outs) >= 2
 
 
 @pytest.mark.parametrize("on_device", [False, True])

@@ -3,7 +3,6 @@
 import logging
 import warnings
 
-from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 import kindling.train
@@ -35,37 +34,47 @@ def test_config_tree_only_on_rank_zero(compose_config, tmp_path, capsys, monkeyp
     assert capsys.readouterr().out == ""
 
 
-def test_a_real_run_saves_its_config_tree_without_unhelpful_warnings(
-    compose_config, tmp_path, caplog, monkeypatch
-) -> None:
+def run_recording_warnings(compose_config, caplog, monkeypatch) -> tuple[list[str], str]:
+    """The warnings and the log of a short run: debug=limit (5 training batches, logging every
+    10 steps) provokes the unhelpful ones; stopped after 3 steps, before any validation, it tests
+    without a best checkpoint and says so, a warning that tells the user something."""
     rank_zero_logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
     monkeypatch.setattr(rank_zero_logger, "filters", [])  # restored after the test
     caplog.set_level(logging.INFO)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        # run() filters them (train.py calls ignore_unhelpful_warnings); debug=limit (5 training
-        # batches, logging every 10 steps) provokes two of them.
-        run(compose_config("debug=limit", "trainer=cpu", *QUIET))
-        # A warning that tells the user something still gets through.
-        warnings.warn("Using `DistributedSampler` with the dataloaders.", UserWarning, stacklevel=1)
-        rank_zero_info("Run folder: still printed")
-    messages = [str(w.message) for w in caught]
-    assert not [m for m in messages if "smaller than the logging interval" in m]
-    assert not [m for m in messages if "LeafSpec" in m]
-    assert any("DistributedSampler" in m for m in messages)
-    assert "litlogger" not in caplog.text
-    assert "Run folder: still printed" in caplog.text
+        run(
+            compose_config(
+                "debug=limit", "trainer=cpu", "trainer.max_steps=3", "optimized_metric=null",
+                *QUIET,
+            )
+        )  # fmt: skip
+    return [str(w.message) for w in caught], caplog.text
+
+
+UNHELPFUL = ["smaller than the logging interval", "LeafSpec"]
+
+
+def test_a_real_run_saves_its_config_tree_without_unhelpful_warnings(
+    compose_config, tmp_path, caplog, monkeypatch
+) -> None:
+    messages, log = run_recording_warnings(compose_config, caplog, monkeypatch)
+    for unhelpful in UNHELPFUL:
+        assert not [m for m in messages if unhelpful in m], unhelpful
+    assert "litlogger" not in log
+    # What tells the user something still gets through.
+    assert any("No best checkpoint was saved" in m for m in messages)
+    assert f"Run folder: {tmp_path / 'run'}" in log
     # train.py prints the tree and saves it in the run folder.
     assert (
         "_target_: kindling.modules.Classifier" in (tmp_path / "run" / CONFIG_TREE_FILE).read_text()
     )
 
 
-def test_without_the_filter_those_warnings_do_appear(compose_config, monkeypatch) -> None:
+def test_without_the_filter_those_warnings_do_appear(compose_config, caplog, monkeypatch) -> None:
     """The test above means something only if the run really raises these warnings."""
     monkeypatch.setattr(kindling.train, "ignore_unhelpful_warnings", lambda: None)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        run(compose_config("debug=limit", "trainer=cpu", *QUIET))
-    messages = [str(w.message) for w in caught]
-    assert any("smaller than the logging interval" in m for m in messages)
+    messages, log = run_recording_warnings(compose_config, caplog, monkeypatch)
+    for unhelpful in UNHELPFUL:
+        assert [m for m in messages if unhelpful in m], unhelpful
+    assert "litlogger" in log

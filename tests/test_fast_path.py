@@ -39,19 +39,25 @@ def train_losses(compose_config, folder: Path, *overrides: str) -> list[float]:
         return [float(r["train/loss"]) for r in csv.DictReader(f) if r["train/loss"]]
 
 
-def test_channels_last_gives_the_same_loss_curve(compose_config, tmp_path: Path) -> None:
-    plain = train_losses(compose_config, tmp_path / "plain")
-    nhwc = train_losses(compose_config, tmp_path / "nhwc", "model.channels_last=true")
-    assert len(plain) == len(nhwc) == 3
-    # Same math; other kernels sum in another order, so the last bits differ.
-    assert nhwc == pytest.approx(plain, rel=2e-3)
+def conv_weight(folder: Path) -> torch.Tensor:
+    state = torch.load(folder / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    # With one input channel both layouts are the same: the first conv taking several.
+    return next(v for v in state.values() if v.dim() == 4 and v.shape[1] > 1)
 
 
-def test_bf16_mixed_precision_follows_the_float32_curve(compose_config, tmp_path: Path) -> None:
+def test_channels_last_and_bf16_follow_the_float32_curve(compose_config, tmp_path: Path) -> None:
     fp32 = train_losses(compose_config, tmp_path / "fp32")
+    nhwc = train_losses(compose_config, tmp_path / "nhwc", "model.channels_last=true")
     bf16 = train_losses(compose_config, tmp_path / "bf16", "trainer.precision=bf16-mixed")
+    assert len(fp32) == len(nhwc) == len(bf16) == 3
+    # Same math; other kernels sum in another order, so the last bits differ.
+    assert nhwc == pytest.approx(fp32, rel=2e-3)
+    # The run did train in NHWC: its weights are saved in that layout.
+    channels_last = torch.channels_last
+    assert conv_weight(tmp_path / "nhwc").is_contiguous(memory_format=channels_last)
+    assert not conv_weight(tmp_path / "fp32").is_contiguous(memory_format=channels_last)
     # bf16 keeps 8 bits of mantissa: close, not equal.
-    assert bf16 == pytest.approx(fp32, rel=0.05)
+    assert bf16 == pytest.approx(fp32, rel=0.05) and bf16 != fp32
     assert bf16[-1] < bf16[0]
 
 
@@ -62,57 +68,109 @@ def test_channels_last_module_stores_nhwc_weights(compose_config) -> None:
     assert conv.weight.is_contiguous(memory_format=torch.channels_last)
 
 
-class HostReads(TorchFunctionMode):
-    """Records the calls that wait for the device on a GPU: handing a value to Python, or an
-    output whose size depends on the values."""
+class HostSyncs(TorchFunctionMode):
+    """Records the calls that would make the host wait for a GPU, as
+    `torch.cuda.set_sync_debug_mode("warn")` reports them there, on any device: a value handed to
+    Python (`.item()`, `bool()`, `.tolist()`, ...), a copy to the host (`.cpu()`, `.to("cpu")`),
+    an output whose size depends on the values (`nonzero`, `unique`, ...), and
+    `torch.cuda.synchronize()`."""
 
     READS = {"__bool__", "item", "tolist", "cpu", "numpy", "__int__", "__float__", "__index__"}
     READS |= {"unique", "_unique2", "unique_consecutive", "nonzero", "argwhere", "masked_select"}
 
     def __init__(self) -> None:
         super().__init__()
-        self.reads: list[str] = []
+        self.syncs: list[str] = []
+
+    def __enter__(self) -> "HostSyncs":
+        self._synchronize = torch.cuda.synchronize
+        torch.cuda.synchronize = self._record_synchronize
+        return super().__enter__()
+
+    def __exit__(self, *exc) -> None:
+        torch.cuda.synchronize = self._synchronize
+        super().__exit__(*exc)
+
+    def _record_synchronize(self, device=None) -> None:
+        self.syncs.append("synchronize")
+        if torch.cuda.is_available():
+            self._synchronize(device)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if getattr(func, "__name__", "") in self.READS:
-            self.reads.append(func.__name__)
-        return func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if name in self.READS or (name == "to" and _to_host(*args[1:], **kwargs)):
+            self.syncs.append(name)
+        return func(*args, **kwargs)
+
+
+def _to_host(*args, **kwargs) -> bool:
+    """Whether `tensor.to(*args, **kwargs)` names the CPU as its device."""
+    device = kwargs.get("device", args[0] if args else None)
+    if isinstance(device, torch.Tensor):
+        device = device.device
+    return isinstance(device, str | torch.device) and torch.device(device).type == "cpu"
+
+
+def test_the_probe_records_each_kind_of_sync() -> None:
+    value = torch.ones(3)
+    with HostSyncs() as host:
+        value.sum() * 2  # device work alone
+    assert host.syncs == []
+    with HostSyncs() as host:
+        value.sum().item()
+        bool(value.sum() > 0)
+        value.tolist()
+        value.cpu()
+        value.to("cpu")
+        value.to(device=torch.device("cpu"))
+        value.nonzero()
+        torch.cuda.synchronize()
+    assert host.syncs == ["item", "__bool__", "tolist", "cpu", "to", "to", "nonzero", "synchronize"]
+
+
+def train_steps(module, batch, steps: int, check_every: int) -> dict[int, list[str]]:
+    """The syncs of each training step (forward, backward, the divergence callback) by global
+    step, the steps counted from 1 as the Trainer counts them after each optimizer step."""
+    divergence = StopOnDivergence(check_every_n_steps=check_every)
+    strategy = SingleDeviceStrategy(torch.device("cpu"))
+    syncs = {}
+    for step in range(1, steps + 1):
+        trainer = SimpleNamespace(global_step=step, strategy=strategy, world_size=1)
+        with HostSyncs() as host:
+            loss = module.training_step(batch, step - 1)
+            loss.backward()
+            divergence.on_train_batch_end(trainer, module, loss, batch, step - 1)
+        syncs[step] = host.syncs
+    return syncs
+
+
+# One sync at each divergence check (reading the reduced flag), none on the other steps.
+CHECKED_AT_3_AND_6 = {1: [], 2: [], 3: ["__bool__"], 4: [], 5: [], 6: ["__bool__"]}
 
 
 @pytest.mark.parametrize("model", ["cnn", "rnn", "lstm", "transformer"])
-def test_classifier_steps_never_read_a_value_on_the_host(compose_config, model: str) -> None:
+def test_classifier_steps_sync_only_at_the_divergence_checks(compose_config, model: str) -> None:
     module = instantiate(compose_config(f"model={model}").model, _convert_="all")
     batch = torch.randn(16, 1, 8, 8), torch.randint(0, 10, (16,))
-    divergence = StopOnDivergence(check_every_n_steps=50)
-    with HostReads() as host:
-        loss = module.training_step(batch, 0)
-        loss.backward()
-        divergence.on_train_batch_end(SimpleNamespace(global_step=7), module, loss, batch, 0)
-        with torch.no_grad():
-            module.validation_step(batch, 0)
-            module.test_step(batch, 0)
-    assert host.reads == []
-    # The probe itself works: the epoch-end computation does read the metrics.
-    with HostReads() as host:
-        module.train_acc.compute()
-        divergence._raise_if_diverged(
-            SimpleNamespace(global_step=50, strategy=SingleDeviceStrategy(torch.device("cpu")))
-        )
-    assert host.reads
+    assert train_steps(module, batch, steps=6, check_every=3) == CHECKED_AT_3_AND_6
+    with HostSyncs() as host, torch.no_grad():
+        module.validation_step(batch, 0)
+        module.test_step(batch, 0)
+    assert host.syncs == []
 
 
-def test_language_model_steps_never_read_a_value_on_the_host() -> None:
+def test_language_model_steps_sync_only_at_the_divergence_checks() -> None:
     net = functools.partial(
         TransformerLanguageModel, context_length=16, d_model=32, num_layers=2, num_heads=4
     )
     module = LanguageModel(net=net, optimizer=functools.partial(torch.optim.AdamW, lr=0.01))
     module.build(Vocabulary.from_text("abcdefgh"))
     batch = torch.randint(0, 8, (4, 16)), torch.randint(0, 8, (4, 16))
-    with HostReads() as host:
-        module.training_step(batch, 0).backward()
-        with torch.no_grad():
-            module.validation_step(batch, 0)
-    assert host.reads == []
+    assert train_steps(module, batch, steps=6, check_every=3) == CHECKED_AT_3_AND_6
+    with HostSyncs() as host, torch.no_grad():
+        module.validation_step(batch, 0)
+    assert host.syncs == []
 
 
 def test_mnist_fast_uses_every_switch(compose_config) -> None:

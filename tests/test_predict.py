@@ -11,6 +11,7 @@ import torch
 from sklearn.datasets import load_digits
 from torchvision.io import write_png
 
+from kindling import predict as predict_command
 from kindling.predict import PredictArgs, predict
 
 
@@ -79,17 +80,28 @@ def test_predicts_a_data_set_split(checkpoint: Path, tmp_path: Path) -> None:
     assert {int(r["class"]) for r in rows} <= set(range(10))
 
 
-def test_command_line_errors_are_short(checkpoint: Path, tmp_path: Path) -> None:
+def test_command_line_errors_are_short(
+    checkpoint: Path, tmp_path: Path, caplog, monkeypatch
+) -> None:
     cases = {
         (f"ckpt_path={checkpoint}",): "Missing mandatory value: input",
         (f"ckpt_path={checkpoint}", "input=nowhere"): "input=nowhere is not a folder",
         ("ckpt_path=missing.ckpt", "input=test"): "missing.ckpt does not exist",
         (f"ckpt_path={checkpoint}", "input=test", "batch_size=many"): "batch_size",
     }
+    monkeypatch.chdir(tmp_path)
     for args, message in cases.items():
-        result = subprocess.run(
-            [sys.executable, "-m", "kindling.predict", *args],
-            cwd=tmp_path, capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
-        assert result.returncode == 1
-        assert message in result.stderr and "Traceback" not in result.stderr, result.stderr
+        caplog.clear()
+        with pytest.raises(SystemExit) as stopped:
+            predict_command.main(list(args))
+        assert stopped.value.code == 1
+        (line,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+        assert message in line, line
+    # The whole command, once: the message alone on stderr, no traceback.
+    result = subprocess.run(
+        [sys.executable, "-m", "kindling.predict", f"ckpt_path={checkpoint}", "input=nowhere"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert "input=nowhere is not a folder" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr

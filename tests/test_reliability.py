@@ -1,5 +1,6 @@
 """Resume, pre-emption, checkpoints that load anywhere, and clear errors for bad input."""
 
+import logging
 import os
 import signal
 import subprocess
@@ -194,16 +195,32 @@ BAD_INPUT = {
 }
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("case", BAD_INPUT)
-def test_bad_input_gives_a_short_clear_error(tmp_path: Path, case: str) -> None:
+def error_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+@pytest.mark.parametrize("case", [c for c in BAD_INPUT if c != "unknown model"])
+def test_bad_input_gives_a_short_clear_error(compose_config, caplog, tmp_path, case) -> None:
+    """In-process: what `python train.py` runs once Hydra has composed the config."""
     args, message = BAD_INPUT[case]
+    with pytest.raises(SystemExit) as stopped:
+        run(compose_config(*args, *QUIET))
+    assert stopped.value.code == 1
+    (error,) = error_lines(caplog)  # one message, no traceback
+    assert message in error
+    assert not (tmp_path / "run" / "checkpoints").exists()  # nothing trained, nothing written
+
+
+@pytest.mark.slow
+def test_bad_input_on_the_command_line_is_one_line_without_traceback(tmp_path: Path) -> None:
+    """The whole path once, through Hydra's own composition error."""
+    args, message = BAD_INPUT["unknown model"]
     result = train_py(*args, "hydra.run.dir=run", cwd=tmp_path, timeout=120)
     output = result.stdout + result.stderr
-    assert result.returncode != 0
+    assert result.returncode == 1
     assert message in output, output[-2000:]
     assert "Traceback" not in output
-    assert not (tmp_path / "run" / "checkpoints").exists()  # nothing trained, nothing written
+    assert not (tmp_path / "run" / "checkpoints").exists()
 
 
 @pytest.mark.slow
