@@ -125,8 +125,9 @@ def augment_share(steps: int) -> dict[str, float]:
     return {"step_ms": step_s * 1e3, "augment_ms": augment_s * 1e3, "share": augment_s / step_s}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def loader_arguments(description: str) -> argparse.ArgumentParser:
+    """The files, loader and repeats a loader benchmark takes (this one and streaming.py)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--images", type=int, default=2000)
     parser.add_argument("--classes", type=int, default=10)
     parser.add_argument("--file-size", type=int, default=128)
@@ -134,8 +135,13 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    return parser
+
+
+def main() -> None:
+    parser = loader_arguments(__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=10)
     args = parser.parse_args()
     result: dict = {"args": {k: str(v) for k, v in vars(args).items()}}
 

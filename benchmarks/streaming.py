@@ -23,7 +23,13 @@ import time
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
-from loader import PADDING, images_per_second, kindling_datamodule, write_files
+from loader import (
+    PADDING,
+    images_per_second,
+    kindling_datamodule,
+    loader_arguments,
+    write_files,
+)
 from torchvision.transforms import v2
 
 from kindling.data.streaming import StreamingDataModule
@@ -58,16 +64,7 @@ def streaming_datamodule(output: Path, args: argparse.Namespace) -> StreamingDat
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--images", type=int, default=2000)
-    parser.add_argument("--classes", type=int, default=10)
-    parser.add_argument("--file-size", type=int, default=128)
-    parser.add_argument("--image-size", type=int, default=64)
-    parser.add_argument("--batch-size", type=int, default=128)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
-    args = parser.parse_args()
+    args = loader_arguments(__doc__.split("\n")[0]).parse_args()
     result: dict = {"args": {k: str(v) for k, v in vars(args).items()}}
 
     with tempfile.TemporaryDirectory() as folder:
