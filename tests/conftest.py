@@ -15,8 +15,10 @@ Fixtures:
   teardown; returns its address and the paths asked of it.
 
 Helpers: `train_py(*args, cwd=...)` runs `python train.py` as a user does, for what is about the
-process itself (exit codes, signals, console output, several processes); `options(group)` lists
-the options of a config group; `ROOT` and `CONFIG_DIR` locate the repository.
+process itself (exit codes, signals, console output, several processes); `PYTHON` is the
+interpreter of such commands (`[*PYTHON, script, *args]`): a client of this process's zygote
+(tests/warm_python.py), which starts them with torch and Lightning already imported;
+`options(group)` lists the options of a config group; `ROOT` and `CONFIG_DIR` locate the repository.
 
 The suite runs in parallel (pytest-xdist; `-n` in pyproject.toml): a test uses only its own
 tmp_path (or a session fixture like `trained_run`), never a fixed port or a file in the
@@ -26,8 +28,10 @@ repository, and may share a worker with any other test.
 import functools
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -36,6 +40,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import warm_python
 from filelock import FileLock
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
@@ -47,22 +52,38 @@ import kindling.train  # also registers the resolvers the configs use
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = ROOT / "configs"
 QUIET = ["callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null"]
+# The `python` of the tests' subprocesses; a zygote's client once pytest_configure started one.
+PYTHON: list[str] = [sys.executable]
+_zygote: list[tuple[subprocess.Popen, str]] = []  # the process and its folder
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """In an xdist worker, share the cores out: N workers each running torch on every core
-    would fight over them. Subprocesses (`python train.py`) inherit the setting."""
+    would fight over them. Subprocesses (`python train.py`) inherit the setting. Then start
+    the zygote of this process's subprocesses (not in xdist's controller, which runs no test)."""
     workers = getattr(config, "workerinput", {}).get("workercount")
     if workers:
         threads = max(1, len(os.sched_getaffinity(0)) // workers)
         torch.set_num_threads(threads)
         os.environ["OMP_NUM_THREADS"] = str(threads)
+    if workers or not config.getoption("numprocesses", None):
+        folder = tempfile.mkdtemp(prefix="kindling-zygote-")
+        socket_path, process = warm_python.start_zygote(folder)
+        _zygote.append((process, folder))
+        PYTHON[:] = warm_python.python_command(socket_path)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    for process, folder in _zygote:
+        process.kill()
+        process.wait()
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def train_py(*args: str, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
     """`python train.py <args>` in `cwd`, as a user runs it, with its output captured as text."""
     return subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), *args],
+        [*PYTHON, str(ROOT / "train.py"), *args],
         cwd=cwd, capture_output=True, text=True, timeout=timeout,
     )  # fmt: skip
 

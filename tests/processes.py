@@ -2,10 +2,9 @@
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
-from conftest import ROOT
+from conftest import PYTHON, ROOT
 
 
 def train_py_with(module_dir: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -14,6 +13,6 @@ def train_py_with(module_dir: Path, *args: str, cwd: Path) -> subprocess.Complet
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(module_dir), env.get("PYTHONPATH")]))
     return subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), *args],
+        [*PYTHON, str(ROOT / "train.py"), *args],
         cwd=cwd, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip

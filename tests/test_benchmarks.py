@@ -10,12 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from conftest import PYTHON
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_overhead_benchmark_reports_ratios_of_every_side(tmp_path: Path) -> None:
     command = [
-        sys.executable, str(ROOT / "benchmarks" / "overhead.py"), "--models", "rnn",
+        *PYTHON, str(ROOT / "benchmarks" / "overhead.py"), "--models", "rnn",
         "--epochs", "4", "--repeats", "1", "--samples", "512", "--out", str(tmp_path),
     ]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path)

@@ -4,7 +4,6 @@ import csv
 import io
 import re
 import subprocess
-import sys
 from types import SimpleNamespace
 
 import pytest
@@ -13,6 +12,8 @@ from rich.console import Console
 
 from kindling.train import run
 from kindling.utils.device_report import GIB, collect_device_info, print_device_report
+
+from conftest import PYTHON
 
 QUIET = ["callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null"]
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -100,7 +101,7 @@ def test_recommendation_follows_the_hardware(two_fake_gpus, monkeypatch) -> None
 
 def test_command_prints_the_report() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "kindling.device_report"], capture_output=True, text=True
+        [*PYTHON, "-m", "kindling.device_report"], capture_output=True, text=True
     )
     assert result.returncode == 0, result.stderr
     assert "CUDA available" in result.stdout and "python train.py trainer=" in result.stdout

@@ -2,7 +2,6 @@
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +11,7 @@ import torch
 from kindling.train import run
 from kindling.utils import hydra_ddp
 
-from conftest import ROOT
+from conftest import PYTHON, ROOT
 
 QUIET = ["callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null"]
 TWO_CPUS = ["trainer.accelerator=cpu", "trainer.devices=2"]
@@ -26,7 +25,7 @@ def launch(*command: str, cwd: Path) -> str:
 
 
 def train_py(*args: str, cwd: Path) -> str:
-    return launch(sys.executable, str(ROOT / "train.py"), *args, cwd=cwd)
+    return launch(*PYTHON, str(ROOT / "train.py"), *args, cwd=cwd)
 
 
 def only_child(folder: Path) -> Path:
@@ -52,7 +51,7 @@ def test_multirun_with_two_processes_per_job(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_torchrun_uses_one_run_folder(tmp_path: Path) -> None:
     output = launch(
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+        *PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
         str(ROOT / "train.py"), *TWO_CPUS, "debug=limit", *QUIET,
         cwd=tmp_path,
     )  # fmt: skip

@@ -3,7 +3,6 @@
 import os
 import signal
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import torch
 
 from kindling.callbacks import CheckpointOnInterrupt
 
-from conftest import ROOT
+from conftest import PYTHON, ROOT
 from processes import train_py_with
 
 QUIET = ["callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null"]
@@ -96,7 +95,7 @@ def start_train_py(module_dir: Path, *args: str, cwd: Path) -> subprocess.Popen:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(module_dir), env.get("PYTHONPATH")]))
     # A shell starts background jobs (CI) with SIGINT ignored; a terminal's run has it.
     return subprocess.Popen(
-        [sys.executable, str(ROOT / "train.py"), *args],
+        [*PYTHON, str(ROOT / "train.py"), *args],
         cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip

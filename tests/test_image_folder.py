@@ -4,7 +4,6 @@ import csv
 import json
 import logging
 import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -21,7 +20,7 @@ from kindling.predict import PredictArgs, predict
 from kindling.train import run
 from kindling.utils.errors import UserError
 
-from conftest import ROOT
+from conftest import PYTHON, ROOT
 from processes import train_py_with
 
 QUIET = ["callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null"]
@@ -375,7 +374,7 @@ def test_two_processes_train_on_disjoint_shards(tmp_path: Path) -> None:
 def test_a_multirun_trains_with_and_without_augmentation(tmp_path: Path) -> None:
     root = make_folder(tmp_path / "images", per_class=4)
     result = subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), "-m", "data=image_folder", f"data.path={root}",
+        [*PYTHON, str(ROOT / "train.py"), "-m", "data=image_folder", f"data.path={root}",
          "data.image_size=8", "data.batch_size=4", "data.num_workers=1", "augment=none,flip_crop",
          "trainer=cpu", "trainer.max_epochs=1", *QUIET],
         cwd=tmp_path, capture_output=True, text=True, timeout=600,

@@ -5,7 +5,6 @@ import functools
 import math
 import shutil
 import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -33,7 +32,7 @@ from kindling.train import run
 from kindling.utils import UserError
 from kindling.utils.checkpoint import load_module
 
-from conftest import train_py
+from conftest import PYTHON, train_py
 
 FAMILIES = ["rnn", "lstm", "transformer"]
 QUIET = ["callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null"]
@@ -441,7 +440,7 @@ def test_train_py_then_sample_from_another_folder(tmp_path: Path) -> None:
     def sample(seed: int) -> subprocess.CompletedProcess:
         argv = [f"ckpt_path={checkpoint}", "prompt=Flat", "length=60", f"seed={seed}"]
         return subprocess.run(
-            [sys.executable, "-m", "kindling.sample", *argv],
+            [*PYTHON, "-m", "kindling.sample", *argv],
             cwd=tmp_path / "elsewhere",
             capture_output=True,
             text=True,

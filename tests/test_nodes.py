@@ -6,7 +6,6 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,7 +17,7 @@ from omegaconf import open_dict
 from kindling.train import run
 from kindling.utils import checks, hydra_ddp, run_folder
 
-from conftest import CONFIG_DIR, QUIET, ROOT
+from conftest import CONFIG_DIR, PYTHON, QUIET, ROOT
 
 TESTS = Path(__file__).parent
 
@@ -136,8 +135,9 @@ def test_two_nodes_of_torchrun_share_one_run_folder_and_split_the_data(tmp_path:
     port = free_port()
     path = os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
+    torchrun = [*PYTHON, "-m", "torch.distributed.run"]
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
+        "--nnodes=2", "--nproc_per_node=1",
         "--master_addr=127.0.0.1", f"--master_port={port}", str(ROOT / "train.py"),
         "trainer.accelerator=cpu", "trainer.devices=1", "trainer.num_nodes=2",
         "trainer.max_epochs=1", "trainer.limit_train_batches=4", "trainer.limit_val_batches=2",
@@ -147,7 +147,7 @@ def test_two_nodes_of_torchrun_share_one_run_folder_and_split_the_data(tmp_path:
     pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True}
     nodes = [
         subprocess.Popen(
-            [*command[:3], f"--node_rank={rank}", *command[3:]], cwd=tmp_path, env=env, **pipes
+            [*torchrun, f"--node_rank={rank}", *command], cwd=tmp_path, env=env, **pipes
         )
         for rank in (0, 1)
     ]

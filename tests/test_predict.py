@@ -3,7 +3,6 @@
 import csv
 import logging
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,8 @@ from torchvision.io import write_png
 
 from kindling import predict as predict_command
 from kindling.predict import PredictArgs, predict
+
+from conftest import PYTHON
 
 
 @pytest.fixture
@@ -99,7 +100,7 @@ def test_command_line_errors_are_short(
         assert message in line, line
     # The whole command, once: the message alone on stderr, no traceback.
     result = subprocess.run(
-        [sys.executable, "-m", "kindling.predict", f"ckpt_path={checkpoint}", "input=nowhere"],
+        [*PYTHON, "-m", "kindling.predict", f"ckpt_path={checkpoint}", "input=nowhere"],
         cwd=tmp_path, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert result.returncode == 1

@@ -4,7 +4,6 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -21,7 +20,7 @@ from kindling.train import run
 from kindling.utils import instantiate_group
 from kindling.utils.checkpoint import load_module, without_compile_prefix
 
-from conftest import CONFIG_DIR, ROOT, train_py
+from conftest import CONFIG_DIR, PYTHON, ROOT, train_py
 
 QUIET = ["callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null"]
 REPRODUCIBLE = ["trainer=cpu", "trainer.deterministic=true", "seed=7", "test=false", *QUIET]
@@ -134,7 +133,7 @@ def default_ctrl_c() -> None:
 
 def start_train_py(*args: str, cwd: Path) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, str(ROOT / "train.py"), *args],
+        [*PYTHON, str(ROOT / "train.py"), *args],
         cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         preexec_fn=default_ctrl_c,
     )  # fmt: skip

@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 from kindling.utils import run_folder
 
-from conftest import CONFIG_DIR, ROOT
+from conftest import CONFIG_DIR, PYTHON, ROOT
 
 LAUNCHER_VARIABLES = [
     "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "RANK", "GROUP_WORLD_SIZE",
@@ -177,7 +177,7 @@ TINY = ["data=digits", "trainer=cpu", "debug=limit", "trainer.max_epochs=1", *QU
 
 
 def start_train_py(*args: str, cwd: Path) -> subprocess.Popen:
-    command = [sys.executable, str(ROOT / "train.py"), *args]
+    command = [*PYTHON, str(ROOT / "train.py"), *args]
     return subprocess.Popen(
         command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )

@@ -27,7 +27,7 @@ from kindling.prepare import prepare
 from kindling.train import run
 from kindling.utils.errors import UserError
 
-from conftest import CONFIG_DIR, QUIET, ROOT
+from conftest import CONFIG_DIR, PYTHON, QUIET, ROOT
 
 IMAGES = 96  # image i is grey, every pixel STEP * i: a batch says which samples it holds
 STEP = 2
@@ -369,7 +369,7 @@ def test_two_processes_read_disjoint_parts_of_each_epoch_in_step(
     """77 training images over 2 processes of 4: each reads 36 others, 9 batches, every epoch
     (no process waits at the end); validation: one batch of 4 each, 8 of its 9 images, once."""
     result = subprocess.run(
-        [sys.executable, str(ROOT / "train.py"),
+        [*PYTHON, str(ROOT / "train.py"),
         "data=streaming", f"data.input_dir={prepared}", "data.batch_size=8",
         "data.num_workers=1", "augment=none", "trainer=ddp_cpu", "trainer.max_epochs=2",
         "logger=none", "test=false", "+callbacks.record._target_=test_streaming.RecordSamples",

@@ -26,7 +26,7 @@ from kindling.callbacks import OptunaPruning
 from kindling.sweeps.search_space import parse_search_space
 from kindling.sweeps.study import counted_trials, fail_interrupted_trials, open_storage
 
-from conftest import ROOT, train_py
+from conftest import PYTHON, ROOT, train_py
 
 # A trial of a second or two: one epoch of two batches, no test, nothing logged.
 TINY = [
@@ -258,7 +258,7 @@ def test_pruned_trials_in_launcher_workers_are_recorded_and_the_sweep_goes_on(
 
 
 def sweep_command(tmp_path: Path, config: str, *overrides: str) -> list[str]:
-    return [sys.executable, str(ROOT / "train.py"), *write_search(tmp_path, config), *overrides]
+    return [*PYTHON, str(ROOT / "train.py"), *write_search(tmp_path, config), *overrides]
 
 
 def wait_for(
