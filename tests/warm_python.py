@@ -25,6 +25,7 @@ import os
 import signal
 import socket
 import sys
+from dataclasses import dataclass
 
 # Variables that torch, Lightning or Python read while importing: a command whose environment
 # differs from the zygote's in one of these runs in a fresh interpreter.
@@ -39,6 +40,9 @@ READ_WHEN_USED = (
     "GROUP_RANK", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "PL_GLOBAL_SEED", "PL_SEED_WORKERS",
     "TORCHELASTIC_", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "OMP_NUM_THREADS",
 )  # fmt: skip
+# Variables the imports set whatever their value before (lightning.fabric's __init__): the
+# pytest process that starts the zygote has imported Lightning too, so the zygote can't tell.
+SET_AT_IMPORT = ("PYTORCH_NVML_BASED_CUDA_CHECK",)
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1)
 
 
@@ -124,6 +128,16 @@ def start_zygote(folder: str) -> tuple[str, "object"]:
     return path, process
 
 
+@dataclass
+class Imports:
+    """What importing kindling did to the zygote, which each child's fresh process would do."""
+
+    env_before: dict[str, str]  # the environment before
+    env_set: dict[str, str]  # the variables the imports set
+    sys_path: list[str]  # sys.path less the script's folder and PYTHONPATH
+    printed: bytes  # their output (warnings)
+
+
 CHILD_PYTHON: list[str] = []  # the children's sys.executable, set by `serve`
 
 
@@ -136,10 +150,8 @@ def serve(path: str) -> None:
     listener.listen(64)
     os.rename(path + ".tmp", path)
     parent = os.getppid()
-    import_env = dict(os.environ)
-    base_path = [
-        p for p in sys.path[1:] if p not in os.environ.get("PYTHONPATH", "").split(os.pathsep)
-    ]
+    env_before = dict(os.environ)
+    imported_from = os.environ.get("PYTHONPATH", "").split(os.pathsep)
 
     import hydra  # noqa: F401  (what train.py imports)
     import omegaconf  # noqa: F401
@@ -148,7 +160,15 @@ def serve(path: str) -> None:
 
     sys.stderr.flush()
     with open(f"/proc/{os.getpid()}/fd/2", "rb") as log:  # what the imports printed
-        import_output = log.read()
+        printed = log.read()
+    imports = Imports(
+        env_before=env_before,
+        env_set={
+            k: v for k, v in os.environ.items() if env_before.get(k) != v or k in SET_AT_IMPORT
+        },
+        sys_path=[p for p in sys.path[1:] if p not in imported_from],
+        printed=printed,
+    )
 
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ)
@@ -157,7 +177,7 @@ def serve(path: str) -> None:
         for key, _ in selector.select(timeout=0.05):
             if key.fileobj is listener:
                 connection, _ = listener.accept()
-                pid = _start(connection, listener, clients, import_env, base_path, import_output)
+                pid = _start(connection, listener, clients, imports)
                 if pid is not None:
                     clients[pid] = connection
                     selector.register(connection, selectors.EVENT_READ, pid)
@@ -204,7 +224,7 @@ def _receive(connection: socket.socket) -> tuple[dict, list[int]]:
     return json.loads(body), fds
 
 
-def _warmable(request: dict, import_env: dict) -> bool:
+def _warmable(request: dict, imports: "Imports") -> bool:
     argv = request["argv"]
     if (
         not argv
@@ -216,15 +236,15 @@ def _warmable(request: dict, import_env: dict) -> bool:
     return not any(
         key.startswith(READ_AT_IMPORT)
         and not key.startswith(READ_WHEN_USED)
-        and env.get(key) != import_env.get(key)
-        for key in set(env) | set(import_env)
+        and key not in imports.env_set  # the child's imports set them anew
+        and env.get(key) != imports.env_before.get(key)
+        for key in set(env) | set(imports.env_before)
     )
 
 
-def _start(connection, listener, clients, import_env, base_path, import_output) -> int | None:
+def _start(connection, listener, clients, imports: "Imports") -> int | None:
     request, fds = _receive(connection)
-    if not _warmable(request, import_env):
-        print(f"fresh interpreter for {request['argv'][:2]}", file=sys.stderr, flush=True)
+    if not _warmable(request, imports):
         connection.sendall(b"fresh\n")
         connection.close()
         for fd in fds:
@@ -238,16 +258,14 @@ def _start(connection, listener, clients, import_env, base_path, import_output) 
         for other in clients.values():
             other.close()
         connection.close()
-        _run_as_python(request, fds, base_path, import_output)  # never returns
+        _run_as_python(request, fds, imports)  # never returns
     for fd in fds:
         os.close(fd)
     connection.sendall(f"pid {pid}\n".encode())
     return pid
 
 
-def _run_as_python(
-    request: dict, fds: list[int], base_path: list[str], import_output: bytes
-) -> None:
+def _run_as_python(request: dict, fds: list[int], imports: "Imports") -> None:
     import atexit
     import importlib
     import runpy
@@ -263,6 +281,7 @@ def _run_as_python(
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    os.environ.update(imports.env_set)  # as the imports of a fresh process would
     # Lightning read the process's rank at import; a rank started warm has its own.
     from lightning.fabric.utilities.rank_zero import _get_rank, rank_zero_only
 
@@ -276,11 +295,11 @@ def _run_as_python(
     module = argv[1] if argv[0] == "-m" else None
     first = os.getcwd() if module else os.path.dirname(os.path.abspath(argv[0]))
     extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    sys.path[:] = [first, *extra, *base_path]
+    sys.path[:] = [first, *extra, *imports.sys_path]
     importlib.invalidate_caches()
     if "numpy" in sys.modules:  # a fresh process seeds numpy's global generator anew
         sys.modules["numpy"].random.seed()
-    os.write(2, import_output)
+    os.write(2, imports.printed)
 
     status = 0
     interrupted = False
