@@ -66,7 +66,8 @@ def pytest_configure(config: pytest.Config) -> None:
         threads = max(1, len(os.sched_getaffinity(0)) // workers)
         torch.set_num_threads(threads)
         os.environ["OMP_NUM_THREADS"] = str(threads)
-    if workers or not config.getoption("numprocesses", None):
+    fresh = os.environ.get("KINDLING_TEST_FRESH_PYTHON") == "1"  # to compare, or to debug
+    if (workers or not config.getoption("numprocesses", None)) and not fresh:
         folder = tempfile.mkdtemp(prefix="kindling-zygote-")
         socket_path, process = warm_python.start_zygote(folder)
         _zygote.append((process, folder))

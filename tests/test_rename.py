@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import PYTHON, ROOT
 
 SCRIPT = ROOT / "scripts" / "rename_package.py"
 QUIET = ["callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null"]
@@ -86,7 +86,7 @@ def test_renamed_project_trains(repo: Path) -> None:
     # never named by the copy any more (previous test), so it cannot stand in for it.
     env = {**os.environ, "PYTHONPATH": str(repo / "src")}
     result = subprocess.run(
-        [sys.executable, "train.py", "debug=fdr", "trainer=cpu", *QUIET],
+        [*PYTHON, "train.py", "debug=fdr", "trainer=cpu", *QUIET],
         cwd=repo, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]

@@ -225,7 +225,7 @@ def _receive(connection: socket.socket) -> tuple[dict, list[int]]:
 
 
 def _warmable(request: dict, imports: "Imports") -> bool:
-    argv = request["argv"]
+    argv = _without_unbuffered(request["argv"])
     if (
         not argv
         or (argv[0].startswith("-") and argv[0] != "-m")
@@ -240,6 +240,22 @@ def _warmable(request: dict, imports: "Imports") -> bool:
         and env.get(key) != imports.env_before.get(key)
         for key in set(env) | set(imports.env_before)
     )
+
+
+def _without_unbuffered(argv: list[str]) -> list[str]:
+    """`python -u ...` (torchrun starts its workers so): the option is applied by the child."""
+    return argv[1:] if argv[:1] == ["-u"] else argv
+
+
+def _unbuffered_output() -> None:
+    import io
+
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        stream = getattr(sys, name)
+        unbuffered = open(fd, "wb", buffering=0, closefd=False)  # noqa: SIM115
+        setattr(sys, name, io.TextIOWrapper(
+            unbuffered, encoding=stream.encoding, errors=stream.errors, write_through=True
+        ))  # fmt: skip
 
 
 def _start(connection, listener, clients, imports: "Imports") -> int | None:
@@ -291,7 +307,9 @@ def _run_as_python(request: dict, fds: list[int], imports: "Imports") -> None:
 
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     sys.executable = CHILD_PYTHON[0]
-    argv = request["argv"]
+    argv = _without_unbuffered(request["argv"])
+    if argv != request["argv"] or os.environ.get("PYTHONUNBUFFERED"):
+        _unbuffered_output()
     module = argv[1] if argv[0] == "-m" else None
     first = os.getcwd() if module else os.path.dirname(os.path.abspath(argv[0]))
     extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
