@@ -58,6 +58,9 @@ def python_command(socket_path: str | None) -> list[str]:
 
 def client(socket_path: str, argv: list[str]) -> None:
     fresh = [sys.executable, *argv]
+    # The descriptors this process inherited (stdin, stdout, stderr, and any a launcher passed
+    # on, as joblib's loky passes its workers a pipe): the child gets each at the same number.
+    inherited = [fd for fd in map(int, os.listdir("/proc/self/fd")) if _is_open(fd)]
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         connection.connect(socket_path)
@@ -81,9 +84,10 @@ def client(socket_path: str, argv: list[str]) -> None:
         "cwd": os.getcwd(),
         "env": dict(os.environ),
         "ctrl_c": not ctrl_c_ignored,
+        "fds": inherited,
     }
     body = json.dumps(request).encode()
-    socket.send_fds(connection, [len(body).to_bytes(8, "big")], [0, 1, 2])
+    socket.send_fds(connection, [len(body).to_bytes(8, "big")], inherited)
     connection.sendall(body)
     replies = connection.makefile("r")
     first = replies.readline().split()
@@ -97,6 +101,14 @@ def client(socket_path: str, argv: list[str]) -> None:
         signal.signal(int(value), signal.SIG_DFL)
         os.kill(os.getpid(), int(value))
     os._exit(int(value))
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:  # the folder listing's own descriptor, closed since
+        return False
+    return True
 
 
 # ---------------------------------------------------------------------------------- zygote
@@ -216,7 +228,7 @@ def _kill(pid: int) -> None:
 
 
 def _receive(connection: socket.socket) -> tuple[dict, list[int]]:
-    head, fds, _, _ = socket.recv_fds(connection, 8, 3)
+    head, fds, _, _ = socket.recv_fds(connection, 8, 250)
     size = int.from_bytes(head, "big")
     body = b""
     while len(body) < size:
@@ -283,13 +295,19 @@ def _start(connection, listener, clients, imports: "Imports") -> int | None:
 
 def _run_as_python(request: dict, fds: list[int], imports: "Imports") -> None:
     import atexit
+    import fcntl
     import importlib
     import runpy
     import threading
     import traceback
 
-    for target, fd in enumerate(fds):
-        os.dup2(fd, target)
+    # Each inherited descriptor at its number (first out of the way of those numbers), open
+    # across exec as it was in the client.
+    moved = [fcntl.fcntl(fd, fcntl.F_DUPFD, 1024) for fd in fds]
+    for fd in fds:
+        os.close(fd)
+    for number, fd in zip(request["fds"], moved, strict=True):
+        os.dup2(fd, number)
         os.close(fd)
     signal.signal(
         signal.SIGINT, signal.default_int_handler if request["ctrl_c"] else signal.SIG_IGN
