@@ -302,6 +302,9 @@ def test_a_killed_sweep_continues_its_study_when_run_again(tmp_path: Path) -> No
     assert {n: trials[n].params for n in (0, 1)} == done
     assert trials[2].state == TrialState.FAIL and trials[2].user_attrs["interrupted"]
     assert [t.state for t in trials[3:]] == [TrialState.COMPLETE] * 2
+    # The seeded sampler does not start its draws over: new learning rates, not trial 0's again.
+    first_lrs = {params["model.optimizer.lr"] for params in done.values()}
+    assert not first_lrs & {t.params["model.optimizer.lr"] for t in trials[3:]}
     second_sweep = max((tmp_path / "logs" / "debug" / "multiruns").iterdir())
     assert sorted(p.name for p in second_sweep.iterdir() if p.is_dir()) == ["3", "4"]
 
