@@ -16,6 +16,7 @@ from torchvision.transforms import v2
 
 from kindling.data import ImageFolderDataModule
 from kindling.data.gpu_decode import EncodedImageFiles, decode_batch
+from kindling.data.image_files import read_image
 from kindling.data.image_folder import STATISTICS_FILE
 from kindling.predict import PredictArgs, predict
 from kindling.train import run
@@ -90,7 +91,10 @@ def test_batches_are_uint8_and_standardised_after_transfer(tmp_path: Path) -> No
 
 
 def test_statistics_are_measured_on_train_cached_and_reused(tmp_path: Path, monkeypatch) -> None:
-    root = make_folder(tmp_path / "images")
+    root = make_folder(tmp_path / "images", splits=("train",))
+    for split in ("val", "test"):  # near-white: statistics measured on them would show it
+        for name in COLOURS:
+            write_image(root / split / name / "0.png", (255, 255, 255))
     dm = datamodule(root)
     dm.setup("fit")
     cached = json.loads((root / STATISTICS_FILE).read_text())
@@ -131,6 +135,10 @@ def test_mixed_sizes_and_modes_are_resized_and_converted(tmp_path: Path) -> None
         dm.setup("fit")
         images, _ = next(iter(dm.train_dataloader()))
         assert images.shape[1:] == (channels, 8, 8) and images.dtype == torch.uint8
+        # Every file was decoded: none was skipped as unreadable and replaced by another.
+        assert not dm.data_train.reported
+        for path in root.glob("*/*"):  # every image of every class
+            assert read_image(path, channels, 8).shape == (channels, 8, 8), path
 
 
 def test_training_transforms_run_in_the_workers_and_eval_has_none(tmp_path: Path) -> None:
@@ -268,8 +276,6 @@ def test_gpu_decode_path_decodes_like_the_workers(tmp_path: Path) -> None:
     assert labels.tolist() == [2, 2]
     cpu = datamodule(root)
     cpu.setup()
-    from kindling.data.image_files import read_image
-
     for image, (path, _) in zip(images.cpu(), samples, strict=True):
         # nvJPEG and libjpeg-turbo may round differently: within a few levels.
         assert (image.int() - read_image(path, 3, 8).int()).abs().max() <= 8
