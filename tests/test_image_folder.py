@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from omegaconf import open_dict
 from PIL import Image
 from torchvision.transforms import v2
 
@@ -303,12 +304,17 @@ def test_trains_tests_from_the_checkpoint_and_predicts_class_names(
     saved = torch.load(checkpoint, weights_only=True)
     assert saved["ImageFolderDataModule"]["classes"] == ["blue", "green", "red"]
 
-    # train=false tests the checkpoint on the folder.
+    # train=false tests the checkpoint on the folder, in a run folder of its own.
     cfg = compose_config(
         "data=image_folder", f"data.path={root}", "data.image_size=8", "data.num_workers=0",
         "trainer=cpu", "train=false", f"ckpt_path={checkpoint}", *QUIET,
     )  # fmt: skip
+    with open_dict(cfg):
+        cfg.paths.output_dir = str(tmp_path / "tested")
     run(cfg)
+    with open(tmp_path / "tested" / "csv" / "metrics.csv") as f:
+        (tested,) = [row for row in csv.DictReader(f) if row.get("test/acc")]
+    assert float(tested["test/acc"]) > 0.5  # three colours: chance is 1/3
 
     # Five good PNGs, one corrupt PNG and a text file.
     folder = tmp_path / "new"
