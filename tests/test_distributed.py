@@ -43,9 +43,10 @@ def test_multirun_with_two_processes_per_job(tmp_path: Path) -> None:
     for job in jobs:
         assert (sweep_dir / job / "checkpoints" / "last.ckpt").is_file()
         assert (sweep_dir / job / "csv" / "metrics.csv").is_file()
-    # Both jobs started a 2-process group; no rank started a sweep of its own.
+    # Both jobs started a 2-process group; no rank started a sweep or a run folder of its own.
     assert output.count("Starting with 2 processes") == 2
     assert output.count("Launching 2 jobs locally") == 1
+    assert not (tmp_path / "logs" / "debug" / "runs").exists()
 
 
 @pytest.mark.slow

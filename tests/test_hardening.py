@@ -178,12 +178,29 @@ def break_sampler_epoch(monkeypatch) -> None:
     monkeypatch.delattr(data, "_set_sampler_epoch")
 
 
+def break_training_loader(monkeypatch) -> None:
+    from lightning.pytorch.utilities.combined_loader import CombinedLoader
+
+    monkeypatch.delattr(CombinedLoader, "_load_state_dicts")
+
+
+def break_sigterm_flag(monkeypatch) -> None:
+    from lightning.pytorch.trainer.connectors.signal_connector import _SignalConnector
+
+    def init(self, trainer) -> None:  # a release that keeps the flag under another name
+        self.trainer, self.sigterm_received = trainer, False
+
+    monkeypatch.setattr(_SignalConnector, "__init__", init)
+
+
 BROKEN_INTERNALS = {
     "hydra command gone": (break_hydra_launcher, "_hydra_subprocess_cmd(local_rank)"),
     "hydra command signature": (change_hydra_command_signature, "_hydra_subprocess_cmd"),
     "launcher stops calling it": (stop_launcher_calling_the_command, "_call_children_scripts"),
     "throughput meters": (break_throughput_meters, "ThroughputMonitor._throughputs"),
     "sampler epoch": (break_sampler_epoch, "_set_sampler_epoch"),
+    "training loader": (break_training_loader, "CombinedLoader._load_state_dicts"),
+    "sigterm flag": (break_sigterm_flag, "_SignalConnector.received_sigterm"),
 }
 
 
@@ -200,6 +217,8 @@ def test_a_patch_whose_lightning_target_changed_stops_with_the_version(monkeypat
         lightning_patches.check_hydra_launchers,
         lightning_patches.check_throughput_monitor,
         lightning_patches.check_sampler_epoch,
+        lightning_patches.check_training_loader,
+        lightning_patches.check_sigterm_flag,
     )
     for check in checks:
         check.cache_clear()

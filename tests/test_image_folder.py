@@ -10,11 +10,13 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from omegaconf import open_dict
 from PIL import Image
 from torchvision.transforms import v2
 
 from kindling.data import ImageFolderDataModule
 from kindling.data.gpu_decode import EncodedImageFiles, decode_batch
+from kindling.data.image_files import read_image
 from kindling.data.image_folder import STATISTICS_FILE
 from kindling.predict import PredictArgs, predict
 from kindling.train import run
@@ -89,7 +91,10 @@ def test_batches_are_uint8_and_standardised_after_transfer(tmp_path: Path) -> No
 
 
 def test_statistics_are_measured_on_train_cached_and_reused(tmp_path: Path, monkeypatch) -> None:
-    root = make_folder(tmp_path / "images")
+    root = make_folder(tmp_path / "images", splits=("train",))
+    for split in ("val", "test"):  # near-white: statistics measured on them would show it
+        for name in COLOURS:
+            write_image(root / split / name / "0.png", (255, 255, 255))
     dm = datamodule(root)
     dm.setup("fit")
     cached = json.loads((root / STATISTICS_FILE).read_text())
@@ -130,6 +135,10 @@ def test_mixed_sizes_and_modes_are_resized_and_converted(tmp_path: Path) -> None
         dm.setup("fit")
         images, _ = next(iter(dm.train_dataloader()))
         assert images.shape[1:] == (channels, 8, 8) and images.dtype == torch.uint8
+        # Every file was decoded: none was skipped as unreadable and replaced by another.
+        assert not dm.data_train.reported
+        for path in root.glob("*/*"):  # every image of every class
+            assert read_image(path, channels, 8).shape == (channels, 8, 8), path
 
 
 def test_training_transforms_run_in_the_workers_and_eval_has_none(tmp_path: Path) -> None:
@@ -259,19 +268,16 @@ def test_gpu_decode_path_decodes_like_the_workers(tmp_path: Path) -> None:
     """The decode_device=cuda path, run on the CPU where there is no GPU."""
     root = make_folder(tmp_path / "images", per_class=2)
     samples = [(root / "red" / "0.jpg", 2), (root / "red" / "1.png", 2)]
-    encoded = EncodedImageFiles(samples, 3, 8)
-    data, labels = EncodedImageFiles.collate([encoded[0], encoded[1]])
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    images = decode_batch(data, device, channels=3, size=8)
-    assert images.shape == (2, 3, 8, 8) and images.dtype == torch.uint8
-    assert labels.tolist() == [2, 2]
-    cpu = datamodule(root)
-    cpu.setup()
-    from kindling.data.image_files import read_image
-
-    for image, (path, _) in zip(images.cpu(), samples, strict=True):
-        # nvJPEG and libjpeg-turbo may round differently: within a few levels.
-        assert (image.int() - read_image(path, 3, 8).int()).abs().max() <= 8
+    for channels in (3, 1):
+        encoded = EncodedImageFiles(samples, channels, 8)
+        data, labels = EncodedImageFiles.collate([encoded[0], encoded[1]])
+        images = decode_batch(data, device, channels=channels, size=8)
+        assert images.shape == (2, channels, 8, 8) and images.dtype == torch.uint8
+        assert labels.tolist() == [2, 2]
+        for image, (path, _) in zip(images.cpu(), samples, strict=True):
+            # nvJPEG and libjpeg-turbo may round differently: within a few levels.
+            assert (image.int() - read_image(path, channels, 8).int()).abs().max() <= 8
 
 
 # End to end: python train.py data=image_folder, then predict with class names.
@@ -297,12 +303,17 @@ def test_trains_tests_from_the_checkpoint_and_predicts_class_names(
     saved = torch.load(checkpoint, weights_only=True)
     assert saved["ImageFolderDataModule"]["classes"] == ["blue", "green", "red"]
 
-    # train=false tests the checkpoint on the folder.
+    # train=false tests the checkpoint on the folder, in a run folder of its own.
     cfg = compose_config(
         "data=image_folder", f"data.path={root}", "data.image_size=8", "data.num_workers=0",
         "trainer=cpu", "train=false", f"ckpt_path={checkpoint}", *QUIET,
     )  # fmt: skip
+    with open_dict(cfg):
+        cfg.paths.output_dir = str(tmp_path / "tested")
     run(cfg)
+    with open(tmp_path / "tested" / "csv" / "metrics.csv") as f:
+        (tested,) = [row for row in csv.DictReader(f) if row.get("test/acc")]
+    assert float(tested["test/acc"]) > 0.5  # three colours: chance is 1/3
 
     # Five good PNGs, one corrupt PNG and a text file.
     folder = tmp_path / "new"
