@@ -95,7 +95,7 @@ def test_changed_hydra_internals_stop_the_run_with_one_line(monkeypatch) -> None
     monkeypatch.setattr(hydra_patches, "_hydra_get_mode", lambda self, config_name: None)
     hydra_patches.check_single_compose.cache_clear()
     try:
-        with pytest.raises(hydra_patches.HydraInternalsChanged, match="Hydra.get_mode") as error:
+        with pytest.raises(hydra_patches.HydraInternalsChanged, match=r"Hydra\.get_mode") as error:
             hydra_patches.check_all()
     finally:
         hydra_patches.check_single_compose.cache_clear()
