@@ -100,3 +100,7 @@ def test_changed_hydra_internals_stop_the_run_with_one_line(monkeypatch) -> None
     finally:
         hydra_patches.check_single_compose.cache_clear()
     assert "pip install 'hydra-core>=1.3.8,<1.4'" in str(error.value)
+
+
+def test_pyproject_bounds_hydra_to_the_checked_versions() -> None:
+    assert f'"{hydra_patches.SUPPORTED}"' in (ROOT / "pyproject.toml").read_text()

@@ -92,6 +92,8 @@ def run(cfg: DictConfig) -> float | None:
         # stops).
         lightning_patches.check_all()
         hydra_patches.check_all()
+        # The rich progress bar stops at once at the end of fit and of test.
+        lightning_patches.install_prompt_progress_stop()
         # Multi-device jobs start their extra ranks as single runs of this job, in its folder.
         hydra_ddp.install()
         with hydra_ddp.job_environment(), _trackers_closed():
