@@ -16,6 +16,7 @@ minor version the tests were run with (1.3.8).
 
 import functools
 import inspect
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import CodeType
@@ -98,8 +99,9 @@ class _Composed:
     cfg: DictConfig
 
 
-# The next load_configuration of each config loader: one composed config, taken once.
-_composed: dict[int, _Composed] = {}
+# The next load_configuration of each config loader: one composed config, taken once (and gone
+# with its loader).
+_composed: weakref.WeakKeyDictionary[ConfigLoaderImpl, _Composed] = weakref.WeakKeyDictionary()
 
 
 def _request(
@@ -126,7 +128,7 @@ def _get_mode_composing_once(self: Hydra, config_name: str | None, overrides: li
         run_overrides.append("hydra.mode=RUN")
         cfg.hydra.mode = RunMode.RUN
         cfg.hydra.overrides.hydra.append("hydra.mode=RUN")
-    _composed[id(loader)] = _Composed(
+    _composed[loader] = _Composed(
         _request(config_name, run_overrides, RunMode.RUN, True, True), cfg
     )
     return mode
@@ -141,7 +143,7 @@ def _load_configuration_once(
     validate_sweep_overrides: bool = True,
 ) -> DictConfig:
     """`ConfigLoaderImpl.load_configuration`, answering the run's call with get_mode's config."""
-    composed = _composed.pop(id(self), None)  # the next call only, whatever it asks
+    composed = _composed.pop(self, None)  # the next call only, whatever it asks
     request = _request(config_name, overrides, run_mode, from_shell, validate_sweep_overrides)
     if composed is not None and composed.request == request:
         return composed.cfg
