@@ -1,24 +1,27 @@
 """The private parts of Hydra that kindling patches: a single run composes its config once."""
 
 import functools
+import sys
 from collections.abc import Iterator
 
+import hydra
 import pytest
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra._internal.hydra import Hydra
 from hydra._internal.utils import create_automatic_config_search_path
 from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from kindling.utils import hydra_patches
 
-from conftest import ROOT
+from conftest import CONFIG_DIR, ROOT
 
 
 @pytest.fixture
-def hydra_app(monkeypatch) -> Iterator[tuple[Hydra, list]]:
-    """Hydra set up as `python train.py` sets it up, and the compositions Hydra itself ran."""
+def composed(monkeypatch) -> list[tuple[list[str], RunMode]]:
+    """The compositions Hydra itself runs: (overrides, run mode) of each."""
     composed = []
     original = hydra_patches._load_configuration
 
@@ -28,6 +31,12 @@ def hydra_app(monkeypatch) -> Iterator[tuple[Hydra, list]]:
         return original(self, config_name, overrides, run_mode, *args, **kwargs)
 
     monkeypatch.setattr(hydra_patches, "_load_configuration", counted)
+    return composed
+
+
+@pytest.fixture
+def hydra_app(composed) -> Iterator[tuple[Hydra, list]]:
+    """Hydra set up as `python train.py` sets it up, and the compositions Hydra itself ran."""
     GlobalHydra.instance().clear()
     search_path = create_automatic_config_search_path(str(ROOT / "train.py"), None, "configs")
     yield Hydra.create_main_hydra2(task_name="train", config_search_path=search_path), composed
@@ -45,6 +54,20 @@ def test_patches_are_installed_when_kindling_train_is_imported() -> None:
     hydra_patches.check_all()  # the installed Hydra has what they need
     assert Hydra.get_mode is hydra_patches._get_mode_composing_once
     assert ConfigLoaderImpl.load_configuration is hydra_patches._load_configuration_once
+
+
+def test_python_train_py_composes_its_config_once(composed, tmp_path, monkeypatch) -> None:
+    """`@hydra.main` as train.py has it, run in-process with a task that only reads the mode."""
+    no_logging = ["hydra/job_logging=none", "hydra/hydra_logging=none"]
+    monkeypatch.setattr(sys, "argv", ["train.py", f"paths.log_dir={tmp_path}", *no_logging])
+    modes = []
+
+    def task(cfg: DictConfig) -> None:
+        modes.append(HydraConfig.get().mode)
+
+    hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="train")(task)()
+    assert modes == [RunMode.RUN]
+    assert len(composed) == 1
 
 
 def test_a_single_run_composes_once_the_config_hydra_would(hydra_app) -> None:
