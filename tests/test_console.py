@@ -27,6 +27,21 @@ def test_config_tree_is_printed_and_saved_resolved(compose_config, tmp_path, cap
     assert "\x1b[" not in saved  # no colour codes in the file
 
 
+def test_config_tree_is_highlighted_on_a_colour_console_only(
+    compose_config, capsys, monkeypatch
+) -> None:
+    cfg = compose_config()
+    print_config_tree(cfg)  # captured: no colour, the YAML as plain text
+    plain = capsys.readouterr().out
+    assert "\x1b[" not in plain and "_target_: kindling.modules.Classifier" in plain
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    print_config_tree(cfg)
+    coloured = capsys.readouterr().out
+    # Highlighted YAML: colour codes between a key and its value.
+    assert "kindling.modules.Classifier" in coloured
+    assert "_target_: kindling.modules.Classifier" not in coloured
+
+
 def test_config_tree_only_on_rank_zero(compose_config, tmp_path, capsys, monkeypatch) -> None:
     monkeypatch.setattr(rank_zero_only, "rank", 1)
     print_config_tree(compose_config(), tmp_path / "run")

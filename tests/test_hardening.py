@@ -4,6 +4,7 @@ import os
 import signal
 import subprocess
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -193,6 +194,12 @@ def break_sigterm_flag(monkeypatch) -> None:
     monkeypatch.setattr(_SignalConnector, "__init__", init)
 
 
+def break_progress_refresh_thread(monkeypatch) -> None:
+    from lightning.pytorch.callbacks.progress import rich_progress
+
+    monkeypatch.delattr(rich_progress, "_RefreshThread")
+
+
 BROKEN_INTERNALS = {
     "hydra command gone": (break_hydra_launcher, "_hydra_subprocess_cmd(local_rank)"),
     "hydra command signature": (change_hydra_command_signature, "_hydra_subprocess_cmd"),
@@ -201,6 +208,7 @@ BROKEN_INTERNALS = {
     "sampler epoch": (break_sampler_epoch, "_set_sampler_epoch"),
     "training loader": (break_training_loader, "CombinedLoader._load_state_dicts"),
     "sigterm flag": (break_sigterm_flag, "_SignalConnector.received_sigterm"),
+    "progress refresh thread": (break_progress_refresh_thread, "_RefreshThread"),
 }
 
 
@@ -219,6 +227,7 @@ def test_a_patch_whose_lightning_target_changed_stops_with_the_version(monkeypat
         lightning_patches.check_sampler_epoch,
         lightning_patches.check_training_loader,
         lightning_patches.check_sigterm_flag,
+        lightning_patches.check_progress_refresh_thread,
     )
     for check in checks:
         check.cache_clear()
@@ -231,6 +240,34 @@ def test_a_patch_whose_lightning_target_changed_stops_with_the_version(monkeypat
     message = str(error.value)
     assert names in message and f"lightning {lightning.__version__}" in message
     assert lightning_patches.SUPPORTED in message
+
+
+def test_the_rich_progress_bar_draws_when_asked_and_stops_without_waiting() -> None:
+    import io
+
+    from lightning.pytorch.callbacks.progress import rich_progress
+    from rich.console import Console
+
+    from kindling.utils import lightning_patches
+
+    lightning_patches.install_prompt_progress_stop()  # as every run does
+    console = Console(file=io.StringIO(), force_terminal=True, width=60)
+    progress = rich_progress.CustomProgress(
+        auto_refresh=True, refresh_per_second=20, console=console
+    )
+    progress.start()
+    task = progress.add_task("training", total=10)
+    time.sleep(0.2)
+    progress.update(task, description="validating")
+    progress.soft_refresh()
+    time.sleep(0.5)
+    assert "validating" in console.file.getvalue()  # drawn by the thread, as asked
+    # One draw every 10 s: Lightning's own thread would hold stop() until its sleep ended.
+    progress.live._refresh_thread.refresh_per_second = 0.1
+    time.sleep(0.1)  # the thread is in its wait of 10 s
+    start = time.perf_counter()
+    progress.stop()
+    assert time.perf_counter() - start < 5
 
 
 def test_flops_are_counted_without_copying_a_weight_on_its_device(monkeypatch) -> None:

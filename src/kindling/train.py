@@ -37,6 +37,7 @@ from kindling.utils import (
     build,
     checks,
     hydra_ddp,
+    hydra_patches,
     instantiate_group,
     lightning_patches,
     provenance,
@@ -51,6 +52,9 @@ from kindling.utils.precision import best_precision
 from kindling.utils.warnings import ignore_unhelpful_warnings
 
 log = logging.getLogger(__name__)
+
+# `python train.py` composes its config once (kindling/utils/hydra_patches.py).
+hydra_patches.install_single_compose()
 
 # Each run and multirun claims a folder of its own (configs/hydra/default.yaml,
 # kindling/utils/run_folder.py); cached, like Hydra's own `now`, so a folder is claimed once.
@@ -84,8 +88,12 @@ def run(cfg: DictConfig) -> float | None:
     ignore_unhelpful_warnings()
     use_plain_cuda_check_without_gpu()
     try:
-        # The private parts of Lightning that kindling patches are there (or the run stops).
+        # The private parts of Lightning and Hydra that kindling patches are there (or the run
+        # stops).
         lightning_patches.check_all()
+        hydra_patches.check_all()
+        # The rich progress bar stops at once at the end of fit and of test.
+        lightning_patches.install_prompt_progress_stop()
         # Multi-device jobs start their extra ranks as single runs of this job, in its folder.
         hydra_ddp.install()
         with hydra_ddp.job_environment(), _trackers_closed():

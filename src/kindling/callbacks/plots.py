@@ -22,6 +22,10 @@ History = dict[str, dict[int, float]]
 
 STAGES = ("train", "val")
 
+# Titles at the top of their axes, where matplotlib would put them anyway (no tick labels are
+# above the plots); given, so that drawing does not measure every tick label to place them.
+TITLE_Y = 1.0
+
 
 def read_history(metrics_csv: str | Path) -> History:
     """The epoch-level values in a CSVLogger's metrics.csv: `{name: {epoch: value}}`."""
@@ -57,7 +61,7 @@ def learning_curves_figure(history: History, metrics: Sequence[str]) -> Figure |
             if values:
                 epochs = sorted(values)
                 ax.plot(epochs, [values[e] for e in epochs], marker="o", label=stage)
-        ax.set_title(name)
+        ax.set_title(name, y=TITLE_Y)
         ax.set_xlabel("epoch")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
@@ -86,7 +90,7 @@ def confusion_matrix_figure(confmat: torch.Tensor) -> Figure:
     MulticlassConfusionMatrix(num_classes).plot(val=confmat, ax=ax, add_text=num_classes <= 20)
     total = int(confmat.sum())
     accuracy = confmat.trace().item() / max(total, 1)
-    ax.set_title(f"Test confusion matrix: {total} samples, accuracy {accuracy:.3f}")
+    ax.set_title(f"Test confusion matrix: {total} samples, accuracy {accuracy:.3f}", y=TITLE_Y)
     return figure
 
 
@@ -223,7 +227,8 @@ class RunPlots(Callback):
         folder = Path(self.output_dir or trainer.default_root_dir)
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / file_name
-        figure.savefig(path)
+        # zlib level 1: files about a fifth larger, written in half the time of the default 6.
+        figure.savefig(path, pil_kwargs={"compress_level": 1})
         rank_zero_info(f"Saved {path}")
         for logger in trainer.loggers:
             if isinstance(logger, TensorBoardLogger):

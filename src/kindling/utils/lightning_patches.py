@@ -13,6 +13,9 @@
 - `kindling.callbacks.ResumeExactly` gives a resumed run's training loader the checkpoint's state
   and a new iterator: `_FitLoop._combined_loader` and `_data_fetcher`, made in `setup_data`, and
   `CombinedLoader._load_state_dicts(states)`.
+- `install_prompt_progress_stop` has `RichProgressBar` stop at once at the end of fit and test:
+  its drawing thread, `rich_progress._RefreshThread` (made by `CustomProgress.start`), sleeps
+  1/refresh_rate s between draws, and stopping the bar waits for that sleep to end.
 
 A Lightning release that renames any of these would make the patch do nothing, silently: every
 DDP rank would start the whole sweep again, MFU would be missing, each epoch would shuffle the
@@ -30,6 +33,7 @@ from lightning.fabric.strategies.launchers import subprocess_script as fabric_la
 from lightning.fabric.utilities import data as fabric_data
 from lightning.fabric.utilities.throughput import Throughput
 from lightning.pytorch.callbacks import ThroughputMonitor
+from lightning.pytorch.callbacks.progress import rich_progress
 from lightning.pytorch.loops import fit_loop
 from lightning.pytorch.strategies.launchers import subprocess_script as pytorch_launcher
 from lightning.pytorch.trainer.connectors.signal_connector import _SignalConnector
@@ -171,6 +175,36 @@ def set_sigterm_received(trainer: lightning.Trainer, received: bool) -> None:
     trainer._signal_connector.received_sigterm = received
 
 
+@functools.cache
+def check_progress_refresh_thread() -> None:
+    thread = getattr(rich_progress, "_RefreshThread", None)
+    _require(
+        thread is not None
+        and _calls(rich_progress.CustomProgress.start, "_RefreshThread")
+        and {"refresh_cond", "live", "done"} <= set(_PromptRefreshThread(None, 1).__dict__),
+        "rich_progress._RefreshThread(live, refresh_per_second), made by CustomProgress.start",
+    )
+
+
+class _PromptRefreshThread(getattr(rich_progress, "_RefreshThread", object)):  # type: ignore[misc]
+    """Lightning's drawing thread of the rich progress bar (it draws only when the bar asked for
+    it, `refresh_cond`), waiting on its stop event instead of sleeping, so that it ends as soon
+    as the bar stops."""
+
+    def run(self) -> None:
+        while not self.done.wait(1 / self.refresh_per_second):
+            if self.refresh_cond:
+                with self.live._lock:
+                    self.live.refresh()
+                self.refresh_cond = False
+
+
+def install_prompt_progress_stop() -> None:
+    """Have every RichProgressBar stop without waiting up to 1/refresh_rate s (twice a run)."""
+    check_progress_refresh_thread()
+    rich_progress._RefreshThread = _PromptRefreshThread
+
+
 def check_all() -> None:
     """Every check above: the run stops before any work if one fails."""
     check_hydra_launchers()
@@ -178,3 +212,4 @@ def check_all() -> None:
     check_sampler_epoch()
     check_training_loader()
     check_sigterm_flag()
+    check_progress_refresh_thread()
