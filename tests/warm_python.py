@@ -3,13 +3,14 @@
 A fresh `python train.py` spends about 10 s of CPU importing torch and Lightning before it reads
 its first override, and the suite starts dozens of them. So each pytest process starts one
 *zygote* (`start_zygote`): a process that imports what `train.py` imports, then forks one child
-per command. Tests run `[*python_command(), "train.py", *args]` as a subprocess, exactly where
-they would run `[sys.executable, "train.py", *args]`. That subprocess is a small client (this
-file, stdlib only): it hands its stdin, stdout, stderr, working folder, environment and Ctrl-C
-disposition to the zygote, forwards the signals it receives to the forked child, and exits as
-the child did (its status, or the same signal). The child runs the command as `python` would:
-same `sys.argv`, `sys.path`, environment, signal handlers, output, exit status and atexit
-handlers; what the zygote printed while importing is printed again at its start.
+per command. Tests run `[*PYTHON, "train.py", *args]` (tests/conftest.py) as a subprocess,
+exactly where they would run `[sys.executable, "train.py", *args]`. That subprocess is a small
+client (this file, stdlib only): it hands its stdin, stdout, stderr and any other descriptor it
+inherited, its working folder, environment and Ctrl-C disposition to the zygote, forwards the
+signals it receives to the forked child, and exits as the child did (its status, or the same
+signal). The child runs the command as `python` would: same `sys.argv`, `sys.path`,
+environment, signal handlers, output, exit status and atexit handlers; what the zygote printed
+while importing is printed again at its start.
 
 In a child, `sys.executable` is the zygote's `python` (a script that runs this client), so the
 processes a run starts with `sys.executable` (the other ranks of a DDP job, torchrun's workers)
