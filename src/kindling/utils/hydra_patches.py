@@ -19,7 +19,6 @@ import inspect
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import CodeType
 from typing import Any
 
 import hydra
@@ -30,6 +29,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from kindling.utils.errors import UserError
+from kindling.utils.internals import calls, requirement
 
 # The minor version the tests ran with; keep in step with `hydra-core` in pyproject.toml.
 SUPPORTED = "hydra-core>=1.3.8,<1.4"
@@ -39,23 +39,11 @@ class HydraInternalsChanged(UserError):
     """A private part of Hydra that kindling patches is not what kindling expects."""
 
 
-def _require(condition: bool, what: str) -> None:
-    if not condition:
-        raise HydraInternalsChanged(
-            f"kindling relies on {what}, which hydra-core {hydra.__version__} does not have. "
-            f"Install a version kindling supports: pip install '{SUPPORTED}'."
-        )
+_require = requirement(HydraInternalsChanged, "hydra-core", hydra.__version__, SUPPORTED)
 
 
 def _calls(function: Callable, name: str) -> bool:
-    """Whether `function`'s code (its lambdas included) names `name`: a global or an attribute."""
-    codes = [inspect.unwrap(function).__code__]
-    while codes:
-        code = codes.pop()
-        if name in code.co_names:
-            return True
-        codes += [const for const in code.co_consts if isinstance(const, CodeType)]
-    return False
+    return calls(function, name, nested=True)  # Hydra calls some of them from lambdas
 
 
 def _parameters(function: Callable) -> list[str]:

@@ -40,6 +40,7 @@ from lightning.pytorch.trainer.connectors.signal_connector import _SignalConnect
 from lightning.pytorch.utilities.combined_loader import CombinedLoader
 
 from kindling.utils.errors import UserError
+from kindling.utils.internals import calls, requirement
 
 # The minor version the tests ran with; keep in step with `lightning` in pyproject.toml.
 SUPPORTED = "lightning>=2.6,<2.7"
@@ -51,17 +52,7 @@ class LightningInternalsChanged(UserError):
     """A private part of Lightning that kindling patches is not what kindling expects."""
 
 
-def _require(condition: bool, what: str) -> None:
-    if not condition:
-        raise LightningInternalsChanged(
-            f"kindling relies on {what}, which lightning {lightning.__version__} does not have. "
-            f"Install a version kindling supports: pip install '{SUPPORTED}'."
-        )
-
-
-def _calls(function: Callable, name: str) -> bool:
-    """Whether `function`'s own code looks up the global `name` (so replacing it takes effect)."""
-    return name in inspect.unwrap(function).__code__.co_names
+_require = requirement(LightningInternalsChanged, "lightning", lightning.__version__, SUPPORTED)
 
 
 @functools.cache
@@ -76,7 +67,7 @@ def check_hydra_launchers() -> None:
         launcher = getattr(module, "_SubprocessScriptLauncher", None)
         starts_ranks = getattr(launcher, "_call_children_scripts", None)
         _require(
-            starts_ranks is not None and _calls(starts_ranks, "_hydra_subprocess_cmd"),
+            starts_ranks is not None and calls(starts_ranks, "_hydra_subprocess_cmd"),
             f"{target}, called by _SubprocessScriptLauncher._call_children_scripts",
         )
 
@@ -94,7 +85,7 @@ def check_throughput_monitor() -> None:
     monitor = ThroughputMonitor(batch_size_fn=len)
     _require(
         isinstance(getattr(monitor, "_throughputs", None), dict)
-        and _calls(ThroughputMonitor.setup, "_throughputs"),
+        and calls(ThroughputMonitor.setup, "_throughputs"),
         "ThroughputMonitor._throughputs, the Throughput of each stage made in setup()",
     )
     _require(
@@ -117,7 +108,7 @@ def check_sampler_epoch() -> None:
     target = "lightning.fabric.utilities.data._set_sampler_epoch(loader, epoch)"
     _require(callable(set_sampler_epoch), target)
     _require(
-        _calls(fit_loop._FitLoop.on_advance_start, "_set_sampler_epoch"),
+        calls(fit_loop._FitLoop.on_advance_start, "_set_sampler_epoch"),
         f"{target}, called by the fit loop at the start of every epoch",
     )
 
@@ -137,7 +128,7 @@ def check_sampler_epoch() -> None:
 def check_training_loader() -> None:
     setup_data = fit_loop._FitLoop.setup_data
     for name in ("_combined_loader", "_data_fetcher"):
-        _require(_calls(setup_data, name), f"_FitLoop.{name}, set by _FitLoop.setup_data")
+        _require(calls(setup_data, name), f"_FitLoop.{name}, set by _FitLoop.setup_data")
     _require(
         callable(getattr(CombinedLoader, "_load_state_dicts", None)),
         "CombinedLoader._load_state_dicts(states)",
@@ -163,7 +154,7 @@ def continue_training_loader(trainer: lightning.Trainer, states: list[dict]) -> 
 @functools.cache
 def check_sigterm_flag() -> None:
     _require(
-        _calls(_SignalConnector.__init__, "received_sigterm")
+        calls(_SignalConnector.__init__, "received_sigterm")
         and isinstance(inspect.getattr_static(lightning.Trainer, "received_sigterm"), property),
         "_SignalConnector.received_sigterm, read by Trainer.received_sigterm",
     )
@@ -180,7 +171,7 @@ def check_progress_refresh_thread() -> None:
     thread = getattr(rich_progress, "_RefreshThread", None)
     _require(
         thread is not None
-        and _calls(rich_progress.CustomProgress.start, "_RefreshThread")
+        and calls(rich_progress.CustomProgress.start, "_RefreshThread")
         and {"refresh_cond", "live", "done"} <= set(_PromptRefreshThread(None, 1).__dict__),
         "rich_progress._RefreshThread(live, refresh_per_second), made by CustomProgress.start",
     )
