@@ -47,10 +47,8 @@ SET_AT_IMPORT = ("PYTORCH_NVML_BASED_CUDA_CHECK",)
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1)
 
 
-def python_command(socket_path: str | None) -> list[str]:
-    """The `python` of a test's command line: this client, or plain python without a zygote."""
-    if socket_path is None:
-        return [sys.executable]
+def python_command(socket_path: str) -> list[str]:
+    """The `python` of a test's command line: this client of the zygote at `socket_path`."""
     return [sys.executable, "-I", "-S", os.path.abspath(__file__), socket_path]
 
 
@@ -149,15 +147,12 @@ class Imports:
     env_set: dict[str, str]  # the variables the imports set
     sys_path: list[str]  # sys.path less the script's folder and PYTHONPATH
     printed: bytes  # their output (warnings)
-
-
-CHILD_PYTHON: list[str] = []  # the children's sys.executable, set by `serve`
+    child_python: str  # the children's sys.executable: the script that runs the client
 
 
 def serve(path: str) -> None:
     import selectors
 
-    CHILD_PYTHON.append(os.path.join(os.path.dirname(path), "python"))
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path + ".tmp")
     listener.listen(64)
@@ -181,6 +176,7 @@ def serve(path: str) -> None:
         },
         sys_path=[p for p in sys.path[1:] if p not in imported_from],
         printed=printed,
+        child_python=os.path.join(os.path.dirname(path), "python"),  # written by start_zygote
     )
 
     selector = selectors.DefaultSelector()
@@ -325,7 +321,7 @@ def _run_as_python(request: dict, fds: list[int], imports: "Imports") -> None:
         import torch
 
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-    sys.executable = CHILD_PYTHON[0]
+    sys.executable = imports.child_python
     argv = _without_unbuffered(request["argv"])
     if argv != request["argv"] or os.environ.get("PYTHONUNBUFFERED"):
         _unbuffered_output()
