@@ -224,3 +224,40 @@ def test_a_run_that_stops_before_its_first_validation_still_finishes(compose_con
     (test_acc,) = [float(row["test/acc"]) for row in rows if row.get("test/acc")]
     assert test_acc * 359 == pytest.approx(round(test_acc * 359))
     assert (Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_epoch_metrics_are_logged_by_their_attribute_path() -> None:
+    # Lightning finds a logged metric's attribute by testing every submodule with
+    # isinstance(..., Metric), which walks all of torchmetrics' Metric classes; kindling names it.
+    import functools
+
+    import lightning as L
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from kindling.models import CNNClassifier
+    from kindling.modules import Classifier
+
+    class SearchSpy(L.Callback):
+        # Lightning keeps what its search found until the end of the stage.
+        def __init__(self) -> None:
+            self.searched: list[str] = []
+
+        def on_validation_end(self, trainer, pl_module) -> None:
+            if pl_module._metric_attributes is not None:
+                self.searched.append("validation")
+
+        def on_test_end(self, trainer, pl_module) -> None:
+            if pl_module._metric_attributes is not None:
+                self.searched.append("test")
+
+    optimizer = functools.partial(torch.optim.SGD, lr=0.1)
+    module = Classifier(CNNClassifier((1, 8, 8), 10, channels=[4]), 10, optimizer=optimizer)
+    images = DataLoader(TensorDataset(torch.randn(8, 1, 8, 8), torch.randint(0, 10, (8,))), 4)
+    spy = SearchSpy()
+    trainer = L.Trainer(fast_dev_run=True, accelerator="cpu", logger=False, callbacks=[spy],
+                        enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+    trainer.fit(module, images, images)
+    assert {"train/acc", "val/acc", "val/loss"} <= set(trainer.callback_metrics)
+    (results,) = trainer.test(module, images, verbose=False)
+    assert 0 <= results["test/acc"] <= 1
+    assert spy.searched == []
