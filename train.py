@@ -1,9 +1,14 @@
 """Entrypoint: `python train.py [overrides]`. Everything else lives in `kindling.train`."""
 
-import hydra
-from omegaconf import DictConfig
+from kindling.garbage_collection import long_lived_imports, skip_collections_at_exit
 
-from kindling.train import run
+# The objects torch, Lightning and Hydra create at import live as long as the process: Python's
+# collector need not traverse them again and again (kindling/garbage_collection.py).
+with long_lived_imports():
+    import hydra
+    from omegaconf import DictConfig
+
+    from kindling.train import run
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")
@@ -13,4 +18,5 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
+    skip_collections_at_exit()
     main()

@@ -161,10 +161,13 @@ def serve(path: str) -> None:
     env_before = dict(os.environ)
     imported_from = os.environ.get("PYTHONPATH", "").split(os.pathsep)
 
-    import hydra  # noqa: F401  (what train.py imports)
-    import omegaconf  # noqa: F401
+    from kindling.garbage_collection import long_lived_imports
 
-    import kindling.train  # noqa: F401
+    with long_lived_imports():  # as train.py imports
+        import hydra  # noqa: F401  (what train.py imports)
+        import omegaconf  # noqa: F401
+
+        import kindling.train  # noqa: F401
 
     sys.stderr.flush()
     with open(f"/proc/{os.getpid()}/fd/2", "rb") as log:  # what the imports printed

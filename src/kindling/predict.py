@@ -29,6 +29,7 @@ from kindling.data.batched import default_num_workers
 from kindling.data.folder import IMAGE_SUFFIXES, image_files
 from kindling.data.image_files import UnreadableImage, read_image
 from kindling.data.normalize import to_model_input
+from kindling.garbage_collection import skip_collections_at_exit
 from kindling.utils.checkpoint import load_module
 from kindling.utils.errors import UserError
 from kindling.utils.precision import best_precision
@@ -194,4 +195,5 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    skip_collections_at_exit()
     main(sys.argv[1:])

@@ -29,6 +29,7 @@ import kindling
 from kindling.data.batched import default_num_workers
 from kindling.data.folder import class_count
 from kindling.data.prepared import FORMAT, METADATA_FILE, SPLITS, is_remote
+from kindling.garbage_collection import skip_collections_at_exit
 from kindling.utils import UserError, build
 from kindling.utils.errors import find_user_error
 
@@ -148,4 +149,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    skip_collections_at_exit()
     main()

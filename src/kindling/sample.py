@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
+from kindling.garbage_collection import skip_collections_at_exit
 from kindling.modules import LanguageModel
 from kindling.utils.checkpoint import load_module
 from kindling.utils.errors import UserError
@@ -97,6 +98,7 @@ def main(argv: Sequence[str]) -> str:
 
 
 if __name__ == "__main__":
+    skip_collections_at_exit()
     if {"-h", "--help"} & set(sys.argv[1:]):
         print(__doc__)
         for field in dataclasses.fields(SampleArgs):
