@@ -278,7 +278,7 @@ def test_failed_download_is_a_user_error_and_leaves_no_file(tmp_path: Path) -> N
         with pytest.raises(UserError, match="Could not download") as error:
             dm.prepare_data()
     assert "data.path" in str(error.value)
-    assert not any((tmp_path / "text").iterdir())
+    assert not [path for path in tmp_path.rglob("*") if path.is_file()]
 
 
 def test_missing_download_without_prepare_data_is_a_user_error(tmp_path: Path) -> None:

@@ -2,12 +2,13 @@
 
 import json
 import logging
-import os
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from torch.utils.data import Dataset
+
+from kindling.utils.files import write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -49,11 +50,10 @@ def cached_statistics(cache: Path, key: str, compute: Callable[[], Statistics]) 
         return stored[key]["mean"], stored[key]["std"]
     mean, std = compute()
     stored[key] = {"mean": mean, "std": std}
-    # Written whole, then renamed: processes of a multi-device run may write at the same time.
-    partial = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
+    # Processes of a multi-device run may write it at the same time.
+    text = json.dumps(stored, indent=1).encode()
     try:
-        partial.write_text(json.dumps(stored, indent=1))
-        os.replace(partial, cache)
+        write_atomically(cache, lambda file: file.write(text))
     except OSError as error:
         log.info("Could not cache image statistics in %s (%s).", cache, error)
     return mean, std

@@ -1,6 +1,7 @@
 """Character-level text: a vocabulary of characters and fixed-length windows of a corpus."""
 
 import hashlib
+import shutil
 import urllib.error
 import urllib.request
 from collections.abc import Iterable, Iterator, Sequence
@@ -13,6 +14,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from kindling.data.batched import BatchedDataModule, per_device_batch_size
 from kindling.utils.errors import UserError
+from kindling.utils.files import write_atomically
 
 # Public-domain corpora that `data.download=<name>` fetches from their canonical address.
 CORPORA = {
@@ -183,18 +185,14 @@ def download_target(download: str, data_dir: str | Path) -> tuple[str, Path]:
 
 def fetch(url: str, destination: Path) -> None:
     """Download `url` to `destination` atomically: a failed download leaves no partial file."""
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    partial = destination.with_name(destination.name + ".partial")
     try:
         with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as response:
-            partial.write_bytes(response.read())
+            write_atomically(destination, lambda file: shutil.copyfileobj(response, file))
     except (urllib.error.URLError, OSError) as error:
-        partial.unlink(missing_ok=True)
         raise UserError(
             f"Could not download {url} ({error}). Put the file at {destination} yourself, "
             "or train on a local file with data.path=<file>."
         ) from error
-    partial.replace(destination)
 
 
 class CharTextDataModule(BatchedDataModule):

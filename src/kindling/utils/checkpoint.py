@@ -1,6 +1,5 @@
 """Load a kindling checkpoint with nothing but the file: its config rebuilds the module."""
 
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ from hydra.utils import instantiate
 from lightning.fabric.plugins import TorchCheckpointIO
 
 from kindling.utils.errors import UserError
+from kindling.utils.files import write_atomically
 
 
 def is_url(path: str | Path) -> bool:
@@ -88,11 +88,5 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         if storage_options is not None or not isinstance(fs, LocalFileSystem):
             super().save_checkpoint(checkpoint, path, storage_options)
             return
-        path = Path(local_path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(path.name + ".tmp")
-        with open(partial, "wb") as file:
-            torch.save(checkpoint, file)
-            file.flush()
-            os.fsync(file.fileno())  # on disk before the rename makes it last.ckpt
-        os.replace(partial, path)
+        # On disk before the rename makes it last.ckpt.
+        write_atomically(Path(local_path), lambda file: torch.save(checkpoint, file), durable=True)

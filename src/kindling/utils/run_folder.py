@@ -30,6 +30,8 @@ from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
+from kindling.utils.files import write_atomically
+
 # Where rank 0 of a torchrun or srun launch leaves the path of its run folder for the other ranks.
 LAUNCHES_DIR = ".launches"
 # A handshake this old is left by a launch that failed before its ranks met: no rank still waits.
@@ -191,10 +193,8 @@ def _claim_once(
 
 
 def _publish_handshake(handshake: Path, folder: Path) -> None:
-    handshake.parent.mkdir(parents=True, exist_ok=True)
-    partial = handshake.with_name(f"{handshake.name}.{uuid.uuid4().hex}")
-    partial.write_text(str(folder))
-    partial.replace(handshake)  # atomic: readers never see half a path
+    # Readers never see half a path.
+    write_atomically(handshake, lambda file: file.write(str(folder).encode()))
     _published.append(handshake)
     for old in handshake.parent.iterdir():
         try:
