@@ -15,9 +15,12 @@ Fixtures:
   teardown; returns its address and the paths asked of it.
 
 Helpers: `train_py(*args, cwd=...)` runs `python train.py` as a user does, for what is about the
-process itself (exit codes, signals, console output, several processes); `PYTHON` is the
-interpreter of such commands (`[*PYTHON, script, *args]`): a client of this process's zygote
-(tests/warm_python.py), which starts them with torch and Lightning already imported;
+process itself (exit codes, signals, console output, several processes), and
+`start_train_py(*args, cwd=...)` starts it (to signal it, or to run several at once); with
+`module_dir=` a config can name a class the test wrote there, `ctrl_c=True` gives it Ctrl-C as
+in a terminal. `PYTHON` is the interpreter of such commands (`[*PYTHON, script, *args]`): a
+client of this process's zygote (tests/warm_python.py), which starts them with torch and
+Lightning already imported. `QUIET` turns off the progress bar and model summary;
 `options(group)` lists the options of a config group; `ROOT` and `CONFIG_DIR` locate the repository.
 
 The suite runs in parallel (pytest-xdist; `-n` in pyproject.toml): a test uses only its own
@@ -29,6 +32,7 @@ import functools
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -81,12 +85,43 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def train_py(*args: str, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
+def importable(module_dir: Path | None) -> dict[str, str] | None:
+    """This environment with `module_dir` on PYTHONPATH (a run's ranks inherit it), so that a
+    config can name a class a test wrote there: `+callbacks.x._target_=<module>.<Class>`."""
+    if module_dir is None:
+        return None
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(module_dir), env.get("PYTHONPATH")]))
+    return env
+
+
+def train_py(
+    *args: str, cwd: Path, timeout: int = 600, module_dir: Path | None = None
+) -> subprocess.CompletedProcess:
     """`python train.py <args>` in `cwd`, as a user runs it, with its output captured as text."""
     return subprocess.run(
         [*PYTHON, str(ROOT / "train.py"), *args],
-        cwd=cwd, capture_output=True, text=True, timeout=timeout,
+        cwd=cwd, env=importable(module_dir), capture_output=True, text=True, timeout=timeout,
     )  # fmt: skip
+
+
+def start_train_py(
+    *args: str, cwd: Path, module_dir: Path | None = None, ctrl_c: bool = False
+) -> subprocess.Popen:
+    """`python train.py <args>` started in `cwd`; its output (stdout and stderr) piped as text.
+
+    `ctrl_c`: SIGINT as in a terminal. A shell starts background jobs (a CI step, `cmd &`) with
+    SIGINT ignored, and Python keeps an ignored SIGINT ignored.
+    """
+    return subprocess.Popen(
+        [*PYTHON, str(ROOT / "train.py"), *args],
+        cwd=cwd, env=importable(module_dir), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, preexec_fn=_default_sigint if ctrl_c else None,
+    )  # fmt: skip
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def compose_in(folder: Path, *overrides: str) -> DictConfig:

@@ -21,9 +21,7 @@ from kindling.modules import Classifier
 from kindling.train import run
 from kindling.utils import UserError, build, checks
 
-from conftest import options
-
-QUIET = ["callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null"]
+from conftest import QUIET, options
 
 GROUPS = ["data", "augment", "model", "trainer", "callbacks", "logger", "experiment", "debug"]
 

@@ -9,7 +9,7 @@ import kindling.train
 from kindling.train import run
 from kindling.utils.config_tree import CONFIG_TREE_FILE, print_config_tree
 
-QUIET = ["callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null"]
+from conftest import QUIET
 
 
 def test_config_tree_is_printed_and_saved_resolved(compose_config, tmp_path, capsys) -> None:

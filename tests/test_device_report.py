@@ -13,9 +13,8 @@ from rich.console import Console
 from kindling.train import run
 from kindling.utils.device_report import GIB, collect_device_info, print_device_report
 
-from conftest import PYTHON
+from conftest import PYTHON, QUIET
 
-QUIET = ["callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null"]
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 

@@ -11,9 +11,8 @@ import torch
 from kindling.train import run
 from kindling.utils import hydra_ddp
 
-from conftest import PYTHON, ROOT
+from conftest import PYTHON, QUIET, ROOT
 
-QUIET = ["callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null"]
 TWO_CPUS = ["trainer.accelerator=cpu", "trainer.devices=2"]
 
 

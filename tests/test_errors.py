@@ -18,9 +18,8 @@ from kindling.train import run
 from kindling.utils import UserError, build
 from kindling.utils.instantiate import ConfigFactory
 
-from conftest import train_py
+from conftest import QUIET, train_py
 
-QUIET = ["callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null"]
 # fast_dev_run without debug=fdr, which turns off the logger and early stopping.
 FAST = ["trainer=cpu", "++trainer.fast_dev_run=true", *QUIET]
 

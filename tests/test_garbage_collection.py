@@ -1,14 +1,11 @@
 """Entrypoints exempt the objects of their imports from Python's cyclic collector, and exit
 without collecting (kindling/garbage_collection.py)."""
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
-from conftest import ROOT
-
-QUIET = ["callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null"]
+from conftest import QUIET, ROOT, importable
 
 
 def python(code: str, *args: str, **kwargs) -> subprocess.CompletedProcess:
@@ -67,7 +64,7 @@ def test_train_py_freezes_its_imports_and_exits_without_collecting(tmp_path: Pat
         "runpy.run_path(sys.argv[0], run_name='__main__')\n"
     )
     overrides = ["debug=fdr", "+callbacks.gc_probe._target_=gc_probe.Probe", *QUIET]
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    env = importable(tmp_path)
     result = python(run_train_py, str(ROOT / "train.py"), *overrides, cwd=tmp_path, env=env)
     lines = result.stdout.splitlines()
     (at_start,) = [line.split()[3:] for line in lines if line.startswith("at fit start")]

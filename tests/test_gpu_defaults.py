@@ -12,7 +12,7 @@ from kindling.utils import build
 from kindling.utils.checkpoint import read_checkpoint
 from kindling.utils.precision import best_precision
 
-QUIET = ["callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null"]
+from conftest import QUIET
 
 
 def pretend_cuda(monkeypatch, capability: tuple[int, int] | None) -> None:

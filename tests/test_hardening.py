@@ -2,7 +2,6 @@
 
 import os
 import signal
-import subprocess
 import textwrap
 import time
 from pathlib import Path
@@ -12,10 +11,8 @@ import torch
 
 from kindling.callbacks import CheckpointOnInterrupt
 
-from conftest import PYTHON, ROOT
-from processes import train_py_with
+from conftest import QUIET, ROOT, start_train_py, train_py
 
-QUIET = ["callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null"]
 TWO_CPUS = ["trainer.accelerator=cpu", "trainer.devices=2"]
 
 # A net that breaks on one rank alone: imported by `train.py` from tmp_path, not shipped.
@@ -45,12 +42,12 @@ class NaNOnRankOne(CNNClassifier):
 @pytest.mark.slow
 def test_a_nan_on_one_rank_stops_every_rank_with_the_divergence_message(tmp_path: Path) -> None:
     (tmp_path / "nan_on_rank_one.py").write_text(textwrap.dedent(NAN_ON_RANK_ONE))
-    result = train_py_with(
-        tmp_path, *TWO_CPUS, "debug=limit", "test=false", "logger=none", *QUIET,
+    result = train_py(
+        *TWO_CPUS, "debug=limit", "test=false", "logger=none", *QUIET,
         "callbacks.plots=null", "callbacks.device_report=null",
         "model.net._target_=nan_on_rank_one.NaNOnRankOne", "+model.net.nan_at_call=3",
         "callbacks.stop_on_divergence.check_every_n_steps=1",
-        cwd=tmp_path,
+        cwd=tmp_path, module_dir=tmp_path,
     )  # fmt: skip
     output = result.stdout + result.stderr
     # Rank 0 did not go on into an all-reduce that rank 1 had left.
@@ -90,32 +87,20 @@ REPRODUCIBLE = [
 ]  # fmt: skip
 
 
-def start_train_py(module_dir: Path, *args: str, cwd: Path) -> subprocess.Popen:
-    """`python train.py <args>` with `module_dir` importable and Ctrl-C as in a terminal."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(module_dir), env.get("PYTHONPATH")]))
-    # A shell starts background jobs (CI) with SIGINT ignored; a terminal's run has it.
-    return subprocess.Popen(
-        [*PYTHON, str(ROOT / "train.py"), *args],
-        cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )  # fmt: skip
-
-
 @pytest.mark.slow
 def test_ctrl_c_inside_an_optimizer_step_saves_the_whole_step(tmp_path: Path) -> None:
     (tmp_path / "ctrl_c_in_step.py").write_text(textwrap.dedent(CTRL_C_IN_OPTIMIZER_STEP))
     interrupted = start_train_py(
-        tmp_path, *REPRODUCIBLE, "hydra.run.dir=interrupted",
+        *REPRODUCIBLE, "hydra.run.dir=interrupted",
         "model.optimizer._target_=ctrl_c_in_step.AdamWInterrupted",
         "+model.optimizer.interrupt_at_step=3",
-        cwd=tmp_path,
+        cwd=tmp_path, module_dir=tmp_path, ctrl_c=True,
     )  # fmt: skip
     # The same run stopped after 3 steps (before any validation: no metric to return).
     straight = start_train_py(
-        tmp_path, *REPRODUCIBLE, "hydra.run.dir=straight", "trainer.max_steps=3",
+        *REPRODUCIBLE, "hydra.run.dir=straight", "trainer.max_steps=3",
         "optimized_metric=null",
-        cwd=tmp_path,
+        cwd=tmp_path, module_dir=tmp_path, ctrl_c=True,
     )  # fmt: skip
     output, _ = interrupted.communicate(timeout=300)
     assert interrupted.returncode == 128 + signal.SIGINT, output[-3000:]

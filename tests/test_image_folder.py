@@ -22,10 +22,8 @@ from kindling.predict import PredictArgs, predict
 from kindling.train import run
 from kindling.utils.errors import UserError
 
-from conftest import PYTHON, ROOT
-from processes import train_py_with
+from conftest import PYTHON, QUIET, ROOT, train_py
 
-QUIET = ["callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null"]
 COLOURS = {"blue": (20, 40, 220), "green": (30, 200, 40), "red": (220, 30, 30)}
 
 
@@ -360,11 +358,12 @@ class SampledIndices(Callback):
 def test_two_processes_train_on_disjoint_shards(tmp_path: Path) -> None:
     root = make_folder(tmp_path / "images", per_class=8)
     (tmp_path / "sampled_indices.py").write_text(SAMPLED_INDICES)
-    result = train_py_with(
-        tmp_path, "data=image_folder", f"data.path={root}", "data.image_size=8",
+    result = train_py(
+        "data=image_folder", f"data.path={root}", "data.image_size=8",
         "data.batch_size=4", "data.num_workers=1", "augment=trivial_augment",
         "trainer.accelerator=cpu", "trainer.devices=2", "trainer.max_epochs=1",
-        "+callbacks.sampled._target_=sampled_indices.SampledIndices", *QUIET, cwd=tmp_path,
+        "+callbacks.sampled._target_=sampled_indices.SampledIndices", *QUIET,
+        cwd=tmp_path, module_dir=tmp_path,
     )  # fmt: skip
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]

@@ -32,10 +32,9 @@ from kindling.train import run
 from kindling.utils import UserError
 from kindling.utils.checkpoint import load_module
 
-from conftest import PYTHON, train_py
+from conftest import PYTHON, QUIET, train_py
 
 FAMILIES = ["rnn", "lstm", "transformer"]
-QUIET = ["callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null"]
 
 # A tiny corpus to memorise: varied enough that guessing by letter frequency is far off.
 TINY_CORPUS = (

@@ -12,7 +12,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from kindling.train import run
 
-QUIET = ["callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null"]
+from conftest import QUIET
+
 FAST = ["debug=limit", "trainer=cpu", *QUIET]  # 3 epochs of 5 batches, 2 test batches
 EPOCHS = 3
 

@@ -20,7 +20,8 @@ from kindling.data.device_loader import DeviceTensorLoader
 from kindling.train import run
 from kindling.utils import instantiate_group
 
-QUIET = ["callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null"]
+from conftest import QUIET
+
 # Two epochs of 6 steps; the interrupted run stops at step 9, in the middle of the second.
 SHORT = [
     "trainer=cpu", "trainer.deterministic=true", "seed=3", "test=false", "trainer.max_epochs=2",

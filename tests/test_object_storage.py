@@ -14,7 +14,8 @@ from kindling.train import run
 from kindling.utils.checkpoint import load_module, read_checkpoint
 from kindling.utils.errors import UserError
 
-QUIET = ["callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null"]
+from conftest import QUIET
+
 TINY = ["trainer=cpu", "trainer.limit_train_batches=3", "trainer.limit_val_batches=2",
         "trainer.limit_test_batches=2", *QUIET]  # fmt: skip
 # The best checkpoint is always the first one: each run tests it after training.

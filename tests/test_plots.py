@@ -11,9 +11,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from kindling.callbacks import plots
 from kindling.train import run
 
-from conftest import train_py
+from conftest import QUIET, train_py
 
-QUIET = ["callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null"]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 

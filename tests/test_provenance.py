@@ -11,7 +11,7 @@ import yaml
 from kindling.train import run
 from kindling.utils import provenance
 
-QUIET = ["callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null"]
+from conftest import QUIET
 
 
 def git(folder: Path, *args: str) -> str:

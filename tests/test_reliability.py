@@ -3,7 +3,6 @@
 import logging
 import os
 import signal
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -20,9 +19,8 @@ from kindling.train import run
 from kindling.utils import instantiate_group
 from kindling.utils.checkpoint import load_module
 
-from conftest import CONFIG_DIR, PYTHON, ROOT, train_py
+from conftest import CONFIG_DIR, QUIET, start_train_py, train_py
 
-QUIET = ["callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null"]
 REPRODUCIBLE = ["trainer=cpu", "trainer.deterministic=true", "seed=7", "test=false", *QUIET]
 
 
@@ -140,25 +138,11 @@ def test_a_failed_write_keeps_the_previous_checkpoint(tmp_path: Path, monkeypatc
     assert torch.load(path, weights_only=True)["step"] == 2
 
 
-def default_ctrl_c() -> None:
-    # A shell starts background jobs (a CI step, `cmd &`) with SIGINT ignored, and Python keeps
-    # an ignored SIGINT ignored: give the run Ctrl-C back, as in a terminal.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
-def start_train_py(*args: str, cwd: Path) -> subprocess.Popen:
-    return subprocess.Popen(
-        [*PYTHON, str(ROOT / "train.py"), *args],
-        cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        preexec_fn=default_ctrl_c,
-    )  # fmt: skip
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_interrupted_run_saves_a_checkpoint_and_resumes(tmp_path: Path, sig, code) -> None:
     args = ["trainer=cpu", "trainer.max_epochs=200", "callbacks.early_stopping=null", *QUIET]
-    process = start_train_py(*args, "hydra.run.dir=run", cwd=tmp_path)
+    process = start_train_py(*args, "hydra.run.dir=run", cwd=tmp_path, ctrl_c=True)
     checkpoints = tmp_path / "run" / "checkpoints"
     # Generous: a loaded machine may take minutes to start and train one epoch; a signal sent
     # before training starts would only test Python's default handler.
@@ -179,7 +163,7 @@ def test_interrupted_run_saves_a_checkpoint_and_resumes(tmp_path: Path, sig, cod
 
     resumed = start_train_py(
         *args[:1], "trainer.max_epochs=" + str(interrupted["epoch"] + 2), *args[2:],
-        f"ckpt_path={checkpoints / 'last.ckpt'}", cwd=tmp_path,
+        f"ckpt_path={checkpoints / 'last.ckpt'}", cwd=tmp_path, ctrl_c=True,
     )  # fmt: skip
     output, _ = resumed.communicate(timeout=600)
     assert resumed.returncode == 0, output[-3000:]

@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PYTHON, ROOT
+from conftest import PYTHON, QUIET, ROOT
 
 SCRIPT = ROOT / "scripts" / "rename_package.py"
-QUIET = ["callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null"]
 
 
 def copy_tracked_files(destination: Path) -> Path:

@@ -10,7 +10,7 @@ from kindling.callbacks.plots import read_history
 from kindling.loggers import ResumableCSVLogger
 from kindling.train import run
 
-QUIET = ["callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null"]
+from conftest import QUIET
 
 
 def read_rows(path: Path) -> list[dict[str, str]]:

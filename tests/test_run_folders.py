@@ -1,7 +1,6 @@
 """One folder per run, whatever starts runs together; one folder for all ranks of a launch."""
 
 import re
-import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -13,7 +12,7 @@ from omegaconf import OmegaConf
 
 from kindling.utils import run_folder
 
-from conftest import CONFIG_DIR, PYTHON, ROOT
+from conftest import CONFIG_DIR, QUIET, start_train_py
 
 LAUNCHER_VARIABLES = [
     "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "RANK", "GROUP_WORLD_SIZE",
@@ -172,15 +171,7 @@ def test_the_composed_config_claims_run_and_sweep_folders(tmp_path: Path, monkey
     assert cfg.hydra.launcher._target_.endswith("SlurmLauncher")
 
 
-QUIET = ["callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null"]
 TINY = ["data=digits", "trainer=cpu", "debug=limit", "trainer.max_epochs=1", *QUIET]
-
-
-def start_train_py(*args: str, cwd: Path) -> subprocess.Popen:
-    command = [*PYTHON, str(ROOT / "train.py"), *args]
-    return subprocess.Popen(
-        command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
 
 
 @pytest.mark.slow

@@ -12,9 +12,7 @@ from kindling.callbacks import DivergenceError
 from kindling.train import run, train_and_test
 from kindling.utils import UserError
 
-from conftest import options, train_py
-
-QUIET = ["callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null"]
+from conftest import QUIET, options, train_py
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, str]]:
