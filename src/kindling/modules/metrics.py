@@ -35,16 +35,6 @@ def accuracy(num_classes: int) -> MulticlassAccuracy:
 def log_epoch_metrics(
     module: L.LightningModule, metrics: Mapping[str, Metric], prog_bar: bool = True
 ) -> None:
-    """Log metric objects from an epoch-end hook (`on_train_epoch_end`, ...).
-
-    Each metric is logged with its attribute path in the module (`val_acc`), which Lightning
-    needs to restore its state. Lightning's own search for it tests every submodule with
-    `isinstance(module, Metric)`: Metric is an abstract class with hundreds of subclasses, and
-    each first test of a class that is not one walks all of them (0.2-0.3 s once per run on a
-    2-core CPU, in the first validation). Found here by identity instead.
-    """
-    attribute_paths = {id(submodule): path for path, submodule in module.named_modules()}
+    """Log metric objects from an epoch-end hook (`on_train_epoch_end`, ...)."""
     for name, metric in metrics.items():
-        # None (not an attribute): Lightning searches, and says what is wrong.
-        path = attribute_paths.get(id(metric))
-        module.log(name, metric, prog_bar=prog_bar, metric_attribute=path)
+        module.log(name, metric, prog_bar=prog_bar)
