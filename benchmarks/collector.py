@@ -8,7 +8,9 @@ Two sides, each a fresh `train.py` process run through the same small wrapper (`
 `skip_collections_at_exit` made no-ops. The wrapper sums the time of every collection
 (`gc.callbacks`), split into full collections (generation 2) and the others, until the last atexit
 handler; `shutdown` is the time from then until the process has ended (interpreter finalization,
-timed from outside). Medians of the repeats, the two sides alternating which runs first.
+timed from outside); `peak MB` the process's largest resident memory (`ru_maxrss`), as a freeze
+keeps objects alive that a collection might have freed. Medians of the repeats, the two sides
+alternating which runs first.
 Writes `collector.json` to `benchmarks/results/` (or `--out`).
 """
 
@@ -24,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 WRAPPER = """
-import atexit, gc, json, runpy, sys, time
+import atexit, gc, json, resource, runpy, sys, time
 mode, report = sys.argv[1], sys.argv[2]
 sys.argv = sys.argv[3:]
 if mode == "python defaults":
@@ -43,7 +45,9 @@ gc.callbacks.append(on_collection)
 def last_handler():  # registered first: runs after every other atexit handler
     gc.callbacks.remove(on_collection)
     with open(report, "w") as f:
-        json.dump({"full": spent[2], "young": spent[0] + spent[1], "at_exit": time.time()}, f)
+        peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        json.dump({"full": spent[2], "young": spent[0] + spent[1], "peak_mb": peak_mb,
+                   "at_exit": time.time()}, f)
 atexit.register(last_handler)
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
@@ -60,7 +64,7 @@ def run_side(mode: str, train_args: list[str], folder: Path) -> dict[str, float]
     ended = time.time()
     seen = json.loads(report.read_text())
     return {"wall": wall, "full": seen["full"], "young": seen["young"],
-            "shutdown": ended - seen["at_exit"]}  # fmt: skip
+            "shutdown": ended - seen["at_exit"], "peak_mb": seen["peak_mb"]}  # fmt: skip
 
 
 def main() -> None:
@@ -77,17 +81,18 @@ def main() -> None:
                 results[side].append(run_side(side, train_args, Path(folder)))
         print(f"run {repeat + 1}: " + ", ".join(
             f"{side} {results[side][-1]['wall']:.2f} s" for side in SIDES), flush=True)  # fmt: skip
-    columns = ("wall", "full", "young", "shutdown")
+    columns = ("wall", "full", "young", "shutdown", "peak_mb")
     medians = {s: {c: statistics.median(r[c] for r in results[s]) for c in columns} for s in SIDES}
     args.out.mkdir(parents=True, exist_ok=True)
     report = {"epochs": args.epochs, "runs": results, "medians": medians}
     (args.out / "collector.json").write_text(json.dumps(report, indent=2))
     command = f"python train.py {' '.join(train_args)}"
-    print(f"\n`{command}`: seconds, medians of {args.repeats}")
-    print("\n| | process | full collections | young collections | shutdown |")
-    print("| --- | ---: | ---: | ---: | ---: |")
+    print(f"\n`{command}`, medians of {args.repeats}")
+    print("\n| | process s | full collections s | young collections s | shutdown s | peak MB |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for side in SIDES:
-        print(f"| {side} | " + " | ".join(f"{medians[side][c]:.2f}" for c in columns) + " |")
+        seconds = [f"{medians[side][c]:.2f}" for c in columns[:-1]]
+        print(f"| {side} | " + " | ".join([*seconds, f"{medians[side]['peak_mb']:.0f}"]) + " |")
 
 
 if __name__ == "__main__":

@@ -70,7 +70,7 @@ def without_compile_prefix(state_dict: dict[str, Any]) -> dict[str, Any]:
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Write each local checkpoint to `<name>.tmp` beside it, then rename it into place.
+    """Write each local checkpoint to a new file beside it, then rename it into place.
 
     A process killed while writing (SIGKILL, out of memory, a node failure) leaves the previous
     `last.ckpt` whole instead of a truncated file that breaks the next resume: a rename within
