@@ -49,12 +49,12 @@ def tiny_net() -> nn.Module:
 
 class ClassifierLoggingEveryStep(Classifier):
     def training_step(self, batch, batch_idx):
-        loss, preds, targets = self._shared_step(batch)
-        self.train_loss(loss)
+        losses, preds, targets = self._shared_step(batch)
+        self.train_loss(losses)
         self.train_acc(preds, targets)
         self.log("train/loss", self.train_loss, on_step=False, on_epoch=True)
         self.log("train/acc", self.train_acc, on_step=False, on_epoch=True)
-        return loss
+        return losses.mean()
 
     def on_train_epoch_end(self) -> None:
         pass  # logged in the steps

@@ -19,6 +19,8 @@ class Classifier(L.LightningModule):
     Logs `train/loss`, `train/acc`, `val/loss`, `val/acc`, `val/acc_best`, `test/loss`, `test/acc`.
     Losses and accuracies are torchmetrics objects: steps update them on the device, and they are
     logged (reduced across processes) once per epoch, so no step waits on a host-device sync.
+    The loss metrics take every sample's loss: an epoch's loss is the mean over its samples, the
+    same however the split is cut into batches and processes.
 
     Args:
         net: the model; its output size sets the number of classes.
@@ -81,25 +83,26 @@ class Classifier(L.LightningModule):
     def _shared_step(
         self, batch: tuple[torch.Tensor, torch.Tensor]
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Each sample's loss (the epoch metrics average samples), the predictions, the targets."""
         images, targets = batch
         logits = self(images)
-        loss = F.cross_entropy(logits, targets)
-        return loss, logits.argmax(dim=1), targets
+        losses = F.cross_entropy(logits, targets, reduction="none")
+        return losses, logits.argmax(dim=1), targets
 
     def training_step(
         self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int
     ) -> torch.Tensor:
-        loss, preds, targets = self._shared_step(batch)
-        self.train_loss.update(loss)
+        losses, preds, targets = self._shared_step(batch)
+        self.train_loss.update(losses)
         self.train_acc.update(preds, targets)
-        return loss
+        return losses.mean()
 
     def on_train_epoch_end(self) -> None:
         log_epoch_metrics(self, {"train/loss": self.train_loss, "train/acc": self.train_acc})
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
-        loss, preds, targets = self._shared_step(batch)
-        self.val_loss.update(loss)
+        losses, preds, targets = self._shared_step(batch)
+        self.val_loss.update(losses)
         self.val_acc.update(preds, targets)
 
     def on_validation_epoch_end(self) -> None:
@@ -114,8 +117,8 @@ class Classifier(L.LightningModule):
     def test_step(
         self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int
     ) -> dict[str, torch.Tensor]:
-        loss, preds, targets = self._shared_step(batch)
-        self.test_loss.update(loss)
+        losses, preds, targets = self._shared_step(batch)
+        self.test_loss.update(losses)
         self.test_acc.update(preds, targets)
         # For callbacks (the confusion matrix plot): no second forward pass.
         return {"preds": preds, "targets": targets}

@@ -146,27 +146,27 @@ class LanguageModel(L.LightningModule):
             raise RuntimeError("the net is not built yet: call build() or load a checkpoint")
         return self.net(tokens)
 
-    def _shared_step(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _token_losses(self, batch: Batch) -> torch.Tensor:
+        """Each token's loss: the epoch metrics average tokens, not batches."""
         tokens, targets = batch
         logits = self(tokens)
-        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
-        return loss, logits, targets
+        return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none")
 
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
-        loss, _logits, targets = self._shared_step(batch)
-        self.train_loss.update(loss, targets.numel())
-        return loss
+        losses = self._token_losses(batch)
+        self.train_loss.update(losses)
+        return losses.mean()
 
     def on_train_epoch_end(self) -> None:
         log_epoch_metrics(self, {"train/loss": self.train_loss})
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
-        loss, _logits, targets = self._shared_step(batch)
-        self.val_loss.update(loss, targets.numel())
+        losses = self._token_losses(batch)
+        self.val_loss.update(losses)
 
     def test_step(self, batch: Batch, batch_idx: int) -> None:
-        loss, _logits, targets = self._shared_step(batch)
-        self.test_loss.update(loss, targets.numel())
+        losses = self._token_losses(batch)
+        self.test_loss.update(losses)
 
     def on_test_epoch_end(self) -> None:
         self._log_loss_and_perplexity("test", self.test_loss, prog_bar=False)

@@ -15,10 +15,11 @@ from torchmetrics.classification import MulticlassAccuracy
 
 
 def running_mean() -> MeanMetric:
-    """A (weighted) mean over an epoch.
+    """The mean over an epoch of every value given to `update` (give one per sample).
 
     The default NaN handling tests `isnan(x).any()` on the host at every update: one device sync
     per step. A NaN loss shows up as a NaN epoch mean instead, and `StopOnDivergence` stops the run.
+    Without it, `update`'s `weight` is ignored (torchmetrics#3434): pass per-sample values.
     """
     return MeanMetric(nan_strategy="disable")
 
