@@ -157,6 +157,7 @@ def test_prepare_writes_an_in_memory_data_set(tmp_path: Path) -> None:
     "change, message",
     [
         ({"format": 0, "kindling_version": "0.0.1"}, r"by kindling 0.0.1.*Prepare it again"),
+        ({"format": 1}, r"format 1 streams samples in the source's order.*Prepare it again"),
         ({"complete": False}, "unfinished prepare"),
     ],
 )

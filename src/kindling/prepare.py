@@ -4,7 +4,10 @@
 
 Each split (`<folder>/train`, `val`, `test`) is written by LitData's `optimize()` in parallel
 workers: the images exactly as the data config serves them before augmentation (decoded,
-resized, uint8), with their labels and their index in the split. `<folder>/kindling.json`
+resized, uint8), with their labels and their index in the split, in a seeded random order.
+Sources list their samples sorted (an image folder class by class), and LitData's shuffling
+only reorders chunks and the samples within the chunks a worker holds: a copy written in the
+source's order streams batches of mostly one class. `<folder>/kindling.json`
 describes the copy (kindling.data.prepared). Running it again on a finished copy of the same
 data config does nothing; an interrupted one is started over.
 """
@@ -87,12 +90,13 @@ def prepare(cfg: DictConfig) -> Path:
     output.mkdir(parents=True, exist_ok=True)
     metadata_file.write_text(json.dumps(metadata, indent=1))  # the folder is ours; not complete
     workers = cfg.num_workers if cfg.num_workers is not None else default_num_workers(1)
+    generator = torch.Generator().manual_seed(cfg.seed if cfg.get("seed") is not None else 0)
     for name, dataset in splits.items():
         log.info("Writing %s: %d samples, %d workers.", output / name, len(dataset), workers)
         shutil.rmtree(output / name, ignore_errors=True)  # an interrupted prepare's part
         optimize(
             fn=functools.partial(prepared_sample, dataset, mean, std),
-            inputs=list(range(len(dataset))),
+            inputs=torch.randperm(len(dataset), generator=generator).tolist(),
             output_dir=str((output / name).resolve()),
             num_workers=min(workers, len(dataset)),
             chunk_bytes=cfg.chunk_bytes,

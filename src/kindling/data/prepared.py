@@ -16,7 +16,10 @@ from kindling.utils.errors import UserError
 
 METADATA_FILE = "kindling.json"
 # The layout of a prepared sample (`{"index", "image", "label"}`, uint8 `(C, H, W)` images).
-FORMAT = 1
+# 2: each split written in a seeded random order (1 kept the source's order, which streams
+# nearly sorted by class).
+FORMAT = 2
+OLDER_FORMATS = {1: " (format 1 streams samples in the source's order, nearly sorted by class)"}
 SPLITS = ("train", "val", "test")
 S3_TIMEOUT_S = 10  # per attempt: an unreachable address fails in seconds, not after retries
 
@@ -85,7 +88,8 @@ def check_metadata(metadata: dict[str, Any], input_dir: str) -> None:
         raise UserError(
             f"data.input_dir={input_dir} was prepared by kindling "
             f"{metadata.get('kindling_version', '(unknown)')} (format {metadata.get('format')}); "
-            f"this kindling reads format {FORMAT}. Prepare it again: {again}"
+            f"this kindling reads format {FORMAT}{OLDER_FORMATS.get(metadata.get('format'), '')}. "
+            f"Prepare it again: {again}"
         )
     if not metadata.get("complete"):
         raise UserError(
