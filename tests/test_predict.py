@@ -11,7 +11,10 @@ from sklearn.datasets import load_digits
 from torchvision.io import write_png
 
 from kindling import predict as predict_command
+from kindling import sample as sample_command
 from kindling.predict import PredictArgs, predict
+from kindling.utils.checkpoint import load_module
+from kindling.utils.errors import UserError
 
 from conftest import PYTHON
 
@@ -106,3 +109,60 @@ def test_command_line_errors_are_short(
     assert result.returncode == 1
     assert "input=nowhere is not a folder" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
+
+
+class WritesAFile:
+    """A pickle payload: unpickling it would truncate `path`."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (str(self.path), "w"))
+
+
+def tampered(checkpoint: Path, folder: Path, key: str, node: object) -> Path:
+    """A copy of `checkpoint` whose stored config has `node` at `config.<key>`."""
+    state = torch.load(checkpoint, weights_only=True)
+    parent, _, name = f"config.{key}".rpartition(".")
+    target = state
+    for part in parent.split("."):
+        target = target[part]
+    target[name] = node
+    path = folder / f"tampered_{key}.ckpt"
+    torch.save(state, path)
+    return path
+
+
+@pytest.mark.parametrize("key", ["model.net", "model.optimizer", "data"])
+def test_a_checkpoint_naming_a_target_outside_kindlings_configs_is_refused_before_the_call(
+    checkpoint: Path, tmp_path: Path, caplog, monkeypatch, key: str
+) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("kept")
+    bad = tampered(checkpoint, tmp_path, key, {"_target_": "builtins.open",
+                                              "_args_": [str(victim), "w"]})  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    entrypoints = {
+        "predict": lambda: predict_command.main([f"ckpt_path={bad}", "input=test"]),
+        "sample": lambda: sample_command.main([f"ckpt_path={bad}"]),
+        "load_module": lambda: load_module(bad),
+    }
+    for name, call in entrypoints.items():
+        caplog.clear()
+        with pytest.raises((SystemExit, UserError)) as refused:
+            call()
+        message = str(refused.value) if refused.type is UserError else caplog.text
+        assert "builtins.open" in message and "refused" in message, (name, message)
+        assert victim.read_text() == "kept", name
+
+
+def test_a_pickled_payload_is_refused_without_running(tmp_path: Path, caplog) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("kept")
+    bad = tmp_path / "payload.ckpt"
+    torch.save({"state_dict": {}, "config": {"model": WritesAFile(victim)}}, bad)
+    with pytest.raises(SystemExit):
+        predict_command.main([f"ckpt_path={bad}", "input=test"])
+    assert "is not a readable checkpoint" in caplog.text
+    assert victim.read_text() == "kept"

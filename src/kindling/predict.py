@@ -19,7 +19,6 @@ from typing import Any
 
 import lightning as L
 import torch
-from hydra.utils import instantiate
 from lightning.pytorch.callbacks import BasePredictionWriter
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -30,7 +29,7 @@ from kindling.data.folder import IMAGE_SUFFIXES, image_files
 from kindling.data.image_files import UnreadableImage, read_image
 from kindling.data.normalize import to_model_input
 from kindling.garbage_collection import skip_collections_at_exit
-from kindling.utils.checkpoint import load_module
+from kindling.utils.checkpoint import instantiate_stored, load_module
 from kindling.utils.errors import UserError
 from kindling.utils.precision import best_precision
 
@@ -167,7 +166,7 @@ def _predict_split(
 ) -> tuple[list[str], list[tuple[int, int, float]]]:
     """Predict the test or val split of the training data, through the data module's own
     loader and batch hooks (an image folder's batches are standardised on the device)."""
-    datamodule = instantiate(data_cfg, batch_size=args.batch_size)
+    datamodule = instantiate_stored(data_cfg, args.ckpt_path, batch_size=args.batch_size)
     datamodule.load_state_dict(state)
     datamodule.predict_split = args.input
     probabilities = torch.cat(trainer.predict(module, datamodule=datamodule))
