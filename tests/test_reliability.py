@@ -190,6 +190,11 @@ BAD_INPUT = {
     "null number": (["data.batch_size=null"], "data.batch_size must be a number"),
     "data missing offline": (["data=mnist", "data.download=false"], "MNIST/raw"),
     "test without checkpoint": (["train=false"], "give it with ckpt_path=<file>"),
+    "classifier on text": (
+        ["experiment=charlm", "model=lstm"],
+        "model=lstm is a classifier, and data=text/char has no classes. For a language model "
+        "use model=lm/<family>",
+    ),
 }
 
 

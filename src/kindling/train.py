@@ -170,6 +170,7 @@ def build_trainer(
 
 def _check(cfg: DictConfig) -> str | None:
     """Fail on bad input before any work; return the checkpoint file to start from, if any."""
+    checks.check_model_fits_data(cfg)
     checks.check_value_types(cfg)
     checks.check_accelerator(cfg.trainer)
     checks.check_launched_processes(cfg.trainer)
