@@ -51,9 +51,8 @@ from omegaconf import open_dict
 from torch.utils.data import DataLoader, TensorDataset
 
 from kindling.data.image import ImageDataModule, Split
+from kindling.run import provenance
 from kindling.train import build_trainer  # also registers kindling's config resolvers
-from kindling.utils import provenance
-from kindling.utils.cuda import use_plain_cuda_check_without_gpu
 
 ROOT = Path(__file__).resolve().parents[1]
 IMAGE_SHAPE = (1, 28, 28)
@@ -247,7 +246,6 @@ def main() -> None:
         torch.set_num_threads(args.threads)  # before make_meter, which counts with one thread
     device = torch.device("cuda" if args.accelerator in ("cuda", "gpu") else "cpu")
     meter = make_meter(args.measure, device)  # instructions: this script again, under callgrind
-    use_plain_cuda_check_without_gpu()  # as train.py does
 
     hardware = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
     results = []

@@ -35,9 +35,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from kindling.modules import Classifier
+from kindling.run import provenance
 from kindling.train import build_trainer
-from kindling.utils import provenance
-from kindling.utils.cuda import use_plain_cuda_check_without_gpu
 
 STEPS, BATCH, EPOCHS = 150, 128, 4
 SCRATCH = tempfile.TemporaryDirectory(prefix="kindling-step-floor-")  # logs and checkpoints
@@ -123,7 +122,6 @@ def main() -> None:
     parser.add_argument("--measure", choices=["time", "instructions"], default="time")
     args = parser.parse_args()
     meter = make_meter(args.measure)
-    use_plain_cuda_check_without_gpu()  # as train.py does
     factor, unit = PER_STEP[meter.unit]
     measured: dict[str, list[float]] = {name: [] for name in ROWS}
     for _ in range(args.repeats):

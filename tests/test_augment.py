@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from hydra.utils import instantiate
 from torchvision.transforms import v2
 
+from kindling.config.errors import UserError
 from kindling.data import DigitsDataModule
 from kindling.data.augment import (
     BatchAugment,
@@ -17,7 +18,6 @@ from kindling.data.augment import (
     random_horizontal_flip,
     worker_transform,
 )
-from kindling.utils.errors import UserError
 
 
 def images(batch: int = 64, size: int = 8) -> torch.Tensor:

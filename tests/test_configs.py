@@ -15,11 +15,13 @@ from lightning.pytorch.callbacks import ModelSummary, ProgressBar
 from omegaconf import OmegaConf
 
 import kindling.train
+from kindling.config import checks
+from kindling.config.errors import UserError
+from kindling.config.instantiate import build
 from kindling.data.batched import BatchedDataModule
 from kindling.data.prepared import FORMAT, METADATA_FILE
 from kindling.modules import Classifier
 from kindling.train import run
-from kindling.utils import UserError, build, checks
 
 from conftest import QUIET, options
 

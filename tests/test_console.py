@@ -6,8 +6,8 @@ import warnings
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 import kindling.train
+from kindling.config.config_tree import CONFIG_TREE_FILE, print_config_tree
 from kindling.train import run
-from kindling.utils.config_tree import CONFIG_TREE_FILE, print_config_tree
 
 from conftest import QUIET
 

@@ -18,6 +18,7 @@ import torch
 from omegaconf import OmegaConf
 from torchvision import datasets
 
+from kindling.config.errors import UserError
 from kindling.data import (
     CIFAR10DataModule,
     DigitsDataModule,
@@ -26,7 +27,6 @@ from kindling.data import (
     MNISTDataModule,
 )
 from kindling.data.batched import per_device_batch_size
-from kindling.utils import UserError
 
 from conftest import CONFIG_DIR
 from torchvision_files import (

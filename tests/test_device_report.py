@@ -10,8 +10,8 @@ import pytest
 import torch
 from rich.console import Console
 
+from kindling.hardware import GIB, collect_device_info, print_device_report
 from kindling.train import run
-from kindling.utils.device_report import GIB, collect_device_info, print_device_report
 
 from conftest import PYTHON, QUIET
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
+from kindling.run import hydra_ddp
 from kindling.train import run
-from kindling.utils import hydra_ddp
 
 from conftest import PYTHON, QUIET, ROOT
 

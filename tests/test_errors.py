@@ -13,10 +13,10 @@ from lightning_utilities.core.imports import RequirementCache
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
+from kindling.config.errors import UserError
+from kindling.config.instantiate import ConfigFactory, build
 from kindling.data.text import Vocabulary
 from kindling.train import run
-from kindling.utils import UserError, build
-from kindling.utils.instantiate import ConfigFactory
 
 from conftest import QUIET, train_py
 

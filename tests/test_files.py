@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kindling.utils.files import write_atomically
+from kindling.files import write_atomically
 
 
 def test_writes_the_file_and_leaves_nothing_else(tmp_path: Path) -> None:

@@ -7,10 +7,10 @@ import pytest
 import torch
 from omegaconf import open_dict
 
+from kindling.checkpoints import read_checkpoint
+from kindling.config.instantiate import build
+from kindling.hardware import best_precision
 from kindling.train import run
-from kindling.utils import build
-from kindling.utils.checkpoint import read_checkpoint
-from kindling.utils.precision import best_precision
 
 from conftest import QUIET
 

@@ -3,7 +3,6 @@
 import os
 import signal
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -11,7 +10,7 @@ import torch
 
 from kindling.callbacks import CheckpointOnInterrupt
 
-from conftest import QUIET, ROOT, start_train_py, train_py
+from conftest import QUIET, start_train_py, train_py
 
 TWO_CPUS = ["trainer.accelerator=cpu", "trainer.devices=2"]
 
@@ -179,12 +178,6 @@ def break_sigterm_flag(monkeypatch) -> None:
     monkeypatch.setattr(_SignalConnector, "__init__", init)
 
 
-def break_progress_refresh_thread(monkeypatch) -> None:
-    from lightning.pytorch.callbacks.progress import rich_progress
-
-    monkeypatch.delattr(rich_progress, "_RefreshThread")
-
-
 BROKEN_INTERNALS = {
     "hydra command gone": (break_hydra_launcher, "_hydra_subprocess_cmd(local_rank)"),
     "hydra command signature": (change_hydra_command_signature, "_hydra_subprocess_cmd"),
@@ -193,7 +186,6 @@ BROKEN_INTERNALS = {
     "sampler epoch": (break_sampler_epoch, "_set_sampler_epoch"),
     "training loader": (break_training_loader, "CombinedLoader._load_state_dicts"),
     "sigterm flag": (break_sigterm_flag, "_SignalConnector.received_sigterm"),
-    "progress refresh thread": (break_progress_refresh_thread, "_RefreshThread"),
 }
 
 
@@ -201,58 +193,31 @@ BROKEN_INTERNALS = {
 def test_a_patch_whose_lightning_target_changed_stops_with_the_version(monkeypatch, case) -> None:
     import lightning
 
-    from kindling.utils import lightning_patches
+    from kindling import internals
 
     breaks, names = BROKEN_INTERNALS[case]
-    lightning_patches.check_all()  # the installed Lightning passes
-    breaks(monkeypatch)
     checks = (
-        lightning_patches.check_hydra_launchers,
-        lightning_patches.check_throughput_monitor,
-        lightning_patches.check_sampler_epoch,
-        lightning_patches.check_training_loader,
-        lightning_patches.check_sigterm_flag,
-        lightning_patches.check_progress_refresh_thread,
+        internals.check_hydra_launchers,
+        internals.check_throughput_monitor,
+        internals.check_sampler_epoch,
+        internals.check_training_loader,
+        internals.check_sigterm_flag,
     )
+    for check in checks:
+        check()  # the installed Lightning passes
+    breaks(monkeypatch)
     for check in checks:
         check.cache_clear()
     try:
-        with pytest.raises(lightning_patches.LightningInternalsChanged) as error:
-            lightning_patches.check_all()
+        with pytest.raises(internals.LightningInternalsChanged) as error:
+            for check in checks:
+                check()
     finally:
         for check in checks:
             check.cache_clear()  # checked again, unbroken, by the next caller
     message = str(error.value)
     assert names in message and f"lightning {lightning.__version__}" in message
-    assert lightning_patches.SUPPORTED in message
-
-
-def test_the_rich_progress_bar_draws_when_asked_and_stops_without_waiting() -> None:
-    import io
-
-    from lightning.pytorch.callbacks.progress import rich_progress
-    from rich.console import Console
-
-    from kindling.utils import lightning_patches
-
-    lightning_patches.install_prompt_progress_stop()  # as every run does
-    console = Console(file=io.StringIO(), force_terminal=True, width=60)
-    progress = rich_progress.CustomProgress(
-        auto_refresh=True, refresh_per_second=20, console=console
-    )
-    progress.start()
-    task = progress.add_task("training", total=10)
-    time.sleep(0.2)
-    progress.update(task, description="validating")
-    progress.soft_refresh()
-    time.sleep(0.5)
-    assert "validating" in console.file.getvalue()  # drawn by the thread, as asked
-    # One draw every 10 s: Lightning's own thread would hold stop() until its sleep ended.
-    progress.live._refresh_thread.refresh_per_second = 0.1
-    time.sleep(0.1)  # the thread is in its wait of 10 s
-    start = time.perf_counter()
-    progress.stop()
-    assert time.perf_counter() - start < 5
+    assert internals.SUPPORTED in message
 
 
 def test_flops_are_counted_without_copying_a_weight_on_its_device(monkeypatch) -> None:
@@ -284,12 +249,6 @@ def test_flops_are_counted_without_copying_a_weight_on_its_device(monkeypatch) -
         images = torch.zeros(16, 1, 8, 8)
     expected = measure_flops(reference, lambda: reference(images), loss_fn=torch.Tensor.sum)
     assert flops == expected > 0
-
-
-def test_pyproject_bounds_lightning_to_the_checked_versions() -> None:
-    from kindling.utils import lightning_patches
-
-    assert f'"{lightning_patches.SUPPORTED}"' in (ROOT / "pyproject.toml").read_text()
 
 
 def first_training_labels(compose_config, seed: int, on_device: bool) -> torch.Tensor:

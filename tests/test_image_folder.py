@@ -14,13 +14,13 @@ from omegaconf import open_dict
 from PIL import Image
 from torchvision.transforms import v2
 
+from kindling.config.errors import UserError
 from kindling.data import ImageFolderDataModule
 from kindling.data.gpu_decode import EncodedImageFiles, decode_batch
 from kindling.data.image_files import read_image
 from kindling.data.image_folder import STATISTICS_FILE
 from kindling.predict import PredictArgs, predict
 from kindling.train import run
-from kindling.utils.errors import UserError
 
 from conftest import PYTHON, QUIET, ROOT, train_py
 
@@ -401,7 +401,7 @@ def test_a_multirun_trains_with_and_without_augmentation(tmp_path: Path) -> None
 def test_a_missing_data_path_names_the_key(compose_config) -> None:
     from omegaconf import OmegaConf
 
-    from kindling.utils.errors import find_user_error
+    from kindling.config.errors import find_user_error
 
     cfg = compose_config("data=image_folder")
     with pytest.raises(Exception) as error:

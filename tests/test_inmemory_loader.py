@@ -8,10 +8,10 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from kindling.config.errors import UserError
 from kindling.data import DigitsDataModule
 from kindling.data.device_loader import DeviceTensorLoader
 from kindling.data.in_memory import BatchIndexedTensors
-from kindling.utils.errors import UserError
 
 
 def test_batch_indexing_serves_what_per_sample_loading_serves() -> None:

@@ -19,6 +19,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch.utils.flop_counter import FlopCounterMode
 
 from kindling import sample as sample_cli
+from kindling.checkpoints import load_module
+from kindling.config.errors import UserError
 from kindling.data import CharTextDataModule
 from kindling.data.text import Vocabulary
 from kindling.models import (
@@ -29,8 +31,6 @@ from kindling.models import (
 )
 from kindling.modules import LanguageModel
 from kindling.train import run
-from kindling.utils import UserError
-from kindling.utils.checkpoint import load_module
 
 from conftest import PYTHON, QUIET, train_py
 

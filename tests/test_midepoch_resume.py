@@ -15,10 +15,10 @@ from omegaconf import open_dict
 from PIL import Image
 
 import kindling.train
+from kindling.config.instantiate import instantiate_group
 from kindling.data.batched import TrainingOrder
 from kindling.data.device_loader import DeviceTensorLoader
 from kindling.train import run
-from kindling.utils import instantiate_group
 
 from conftest import QUIET
 

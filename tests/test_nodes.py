@@ -14,8 +14,9 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import open_dict
 
+from kindling.config import checks
+from kindling.run import hydra_ddp, run_folder
 from kindling.train import run
-from kindling.utils import checks, hydra_ddp, run_folder
 
 from conftest import CONFIG_DIR, PYTHON, QUIET, ROOT
 

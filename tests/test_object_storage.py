@@ -9,10 +9,10 @@ import pytest
 import torch
 from omegaconf import open_dict
 
+from kindling.checkpoints import load_module, read_checkpoint
+from kindling.config.errors import UserError
 from kindling.predict import PredictArgs, predict
 from kindling.train import run
-from kindling.utils.checkpoint import load_module, read_checkpoint
-from kindling.utils.errors import UserError
 
 from conftest import QUIET
 
@@ -91,7 +91,7 @@ def test_a_missing_url_or_file_system_is_one_line(bucket: str) -> None:
 
 
 def test_the_atomic_writer_hands_urls_to_fsspec(bucket: str) -> None:
-    from kindling.utils.checkpoint import AtomicCheckpointIO
+    from kindling.checkpoints import AtomicCheckpointIO
 
     AtomicCheckpointIO().save_checkpoint({"state_dict": {"w": torch.ones(2)}}, f"{bucket}/a.ckpt")
     (written,) = fsspec.filesystem("memory").ls(bucket, detail=False)

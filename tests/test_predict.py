@@ -12,9 +12,9 @@ from torchvision.io import write_png
 
 from kindling import predict as predict_command
 from kindling import sample as sample_command
+from kindling.checkpoints import load_module
+from kindling.config.errors import UserError
 from kindling.predict import PredictArgs, predict
-from kindling.utils.checkpoint import load_module
-from kindling.utils.errors import UserError
 
 from conftest import PYTHON
 

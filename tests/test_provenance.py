@@ -8,8 +8,8 @@ import pytest
 import torch
 import yaml
 
+from kindling.run import provenance
 from kindling.train import run
-from kindling.utils import provenance
 
 from conftest import QUIET
 

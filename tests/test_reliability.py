@@ -14,10 +14,10 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf, open_dict
 
 import kindling.train
+from kindling.checkpoints import load_module
+from kindling.config.instantiate import instantiate_group
 from kindling.models import CNNClassifier
 from kindling.train import run
-from kindling.utils import instantiate_group
-from kindling.utils.checkpoint import load_module
 
 from conftest import CONFIG_DIR, QUIET, start_train_py, train_py
 

@@ -10,7 +10,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-from kindling.utils import run_folder
+from kindling.run import run_folder
 
 from conftest import CONFIG_DIR, QUIET, start_train_py
 

@@ -12,8 +12,8 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from omegaconf import DictConfig, open_dict
 
+from kindling.config.errors import UserError
 from kindling.modules.optimization import takes_total_steps, warmup_cosine
-from kindling.utils import UserError
 
 from conftest import CONFIG_DIR, options
 

@@ -20,12 +20,12 @@ from omegaconf import open_dict
 from PIL import Image
 from torchvision.transforms import v2
 
+from kindling.config.errors import UserError
 from kindling.data import ImageFolderDataModule
 from kindling.data.prepared import METADATA_FILE, prepared_value, read_metadata
 from kindling.data.streaming import StreamingDataModule
 from kindling.prepare import prepare
 from kindling.train import run
-from kindling.utils.errors import UserError
 
 from conftest import CONFIG_DIR, PYTHON, QUIET, ROOT
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from kindling.callbacks import DivergenceError
+from kindling.config.errors import UserError
 from kindling.train import run, train_and_test
-from kindling.utils import UserError
 
 from conftest import QUIET, options, train_py
 
@@ -141,8 +141,8 @@ def test_train_py_two_cpu_processes(tmp_path: Path) -> None:
 def test_checkpoint_alone_rebuilds_the_model(compose_config, tmp_path) -> None:
     import torch
 
+    from kindling.checkpoints import load_module
     from kindling.modules import Classifier
-    from kindling.utils.checkpoint import load_module
 
     # Not the default net: rebuilding the default instead would not load these weights.
     run(compose_config("model=lstm", "debug=limit", "trainer=cpu", "trainer.max_epochs=1", *QUIET))

@@ -29,19 +29,16 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from torch.utils.data import Dataset
 
 import kindling
+from kindling.config import resolvers  # noqa: F401 - importing registers the resolvers
+from kindling.config.errors import UserError, find_user_error
+from kindling.config.instantiate import build
 from kindling.data.batched import default_num_workers
-from kindling.data.folder import class_count
 from kindling.data.prepared import FORMAT, METADATA_FILE, SPLITS, is_remote
 from kindling.garbage_collection import skip_collections_at_exit
-from kindling.utils import UserError, build
-from kindling.utils.errors import find_user_error
 
 log = logging.getLogger("kindling")
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-# The resolvers the data configs use (as registered by kindling.train).
-OmegaConf.register_new_resolver("class_count", class_count, replace=True)
-OmegaConf.register_new_resolver("div", lambda a, b: int(a) // int(b), replace=True)
 
 
 def prepared_sample(dataset: Dataset, mean: torch.Tensor, std: torch.Tensor, index: int) -> dict:

@@ -14,10 +14,10 @@ from collections.abc import Sequence
 
 import torch
 
+from kindling.checkpoints import load_module
+from kindling.config.errors import UserError
 from kindling.garbage_collection import skip_collections_at_exit
 from kindling.modules import LanguageModel
-from kindling.utils.checkpoint import load_module
-from kindling.utils.errors import UserError
 
 
 def _arg(default: object, help: str) -> dataclasses.Field:

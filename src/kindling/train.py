@@ -29,52 +29,16 @@ from kindling.callbacks import (
     ContinueMetrics,
     ResumeExactly,
 )
+from kindling.checkpoints import is_url
+from kindling.config import checks, resolvers  # noqa: F401 - importing registers the resolvers
+from kindling.config.config_tree import print_config_tree
+from kindling.config.errors import UserError, find_user_error
+from kindling.config.instantiate import build, instantiate_group
 from kindling.data.batched import per_device_batch_size
-from kindling.data.folder import class_count
-from kindling.data.prepared import prepared_value
-from kindling.utils import (
-    UserError,
-    build,
-    checks,
-    hydra_ddp,
-    hydra_patches,
-    instantiate_group,
-    lightning_patches,
-    provenance,
-    resume,
-    run_folder,
-)
-from kindling.utils.checkpoint import is_url
-from kindling.utils.config_tree import print_config_tree
-from kindling.utils.cuda import use_plain_cuda_check_without_gpu
-from kindling.utils.errors import find_user_error
-from kindling.utils.precision import best_precision
-from kindling.utils.warnings import ignore_unhelpful_warnings
+from kindling.known_warnings import ignore_unhelpful_warnings
+from kindling.run import hydra_ddp, provenance, resumed
 
 log = logging.getLogger(__name__)
-
-# `python train.py` composes its config once (kindling/utils/hydra_patches.py).
-hydra_patches.install_single_compose()
-
-# Each run and multirun claims a folder of its own (configs/hydra/default.yaml,
-# kindling/utils/run_folder.py); cached, like Hydra's own `now`, so a folder is claimed once.
-OmegaConf.register_new_resolver("run_stamp", run_folder.run_stamp, use_cache=True, replace=True)
-OmegaConf.register_new_resolver("sweep_dir", run_folder.sweep_folder, use_cache=True, replace=True)
-# Resumed training continues in its checkpoint's run folder (kindling/utils/resume.py).
-OmegaConf.register_new_resolver("run_dir", resume.run_dir, replace=True)
-OmegaConf.register_new_resolver("hydra_subdir", resume.hydra_subdir, replace=True)
-# trainer=gpu_per_job gives job N of a parallel sweep its own GPU: `devices: ${job_device:}`.
-OmegaConf.register_new_resolver("job_device", hydra_ddp.job_device, replace=True)
-# data=image_folder counts its classes: `num_classes: ${class_count:${data.path}}`; the augment
-# group pads crops by an eighth of the image size: `${div:${data.image_shape.1},8}`.
-OmegaConf.register_new_resolver("class_count", class_count, replace=True)
-OmegaConf.register_new_resolver("div", lambda a, b: int(a) // int(b), replace=True)
-# The GPU defaults of configs/trainer/default.yaml: the device's best precision,
-# `${best_precision:${trainer.accelerator}}`, and `benchmark: ${not:${trainer.deterministic}}`.
-OmegaConf.register_new_resolver("best_precision", best_precision, replace=True)
-OmegaConf.register_new_resolver("not", lambda value: not value, replace=True)
-# data=streaming reads its classes and image shape from the prepared copy.
-OmegaConf.register_new_resolver("prepared", prepared_value, replace=True)
 
 
 def run(cfg: DictConfig) -> float | None:
@@ -86,14 +50,7 @@ def run(cfg: DictConfig) -> float | None:
     HYDRA_FULL_ERROR=1 it is raised, and Hydra prints the whole traceback.
     """
     ignore_unhelpful_warnings()
-    use_plain_cuda_check_without_gpu()
     try:
-        # The private parts of Lightning and Hydra that kindling patches are there (or the run
-        # stops).
-        lightning_patches.check_all()
-        hydra_patches.check_all()
-        # The rich progress bar stops at once at the end of fit and of test.
-        lightning_patches.install_prompt_progress_stop()
         # Multi-device jobs start their extra ranks as single runs of this job, in its folder.
         hydra_ddp.install()
         with hydra_ddp.job_environment(), _trackers_closed():
@@ -115,7 +72,7 @@ def run(cfg: DictConfig) -> float | None:
 
 def train_and_test(cfg: DictConfig) -> float | None:
     checkpoint = _check(cfg)
-    record_dir = resume.record_dir(cfg.paths.output_dir)  # a resumed run keeps the first's record
+    record_dir = resumed.record_dir(cfg.paths.output_dir)  # a resumed run keeps the first's record
     print_config_tree(cfg, save_dir=record_dir)
     run_provenance = provenance.collect()
     provenance.save(run_provenance, record_dir)
@@ -177,7 +134,7 @@ def _check(cfg: DictConfig) -> str | None:
     if "batch_size" in cfg.data:
         per_device_batch_size(cfg.data.batch_size, checks.requested_world_size(cfg.trainer))
     runs_dir = Path(cfg.paths.log_dir) / cfg.task_name / "runs"
-    checkpoint = resume.resolve_checkpoint(cfg.get("ckpt_path"), runs_dir)
+    checkpoint = resumed.resolve_checkpoint(cfg.get("ckpt_path"), runs_dir)
     if checkpoint is not None:
         checks.check_checkpoint(checkpoint, cfg.model)
     elif not cfg.get("train") and cfg.get("test"):

@@ -9,7 +9,7 @@ from lightning.pytorch.callbacks import Callback
 
 class ConfigInCheckpoint(Callback):
     """Saves `config` as `checkpoint["config"]` and `provenance` (command line, git commit and
-    diff, versions: `kindling.utils.provenance`) as `checkpoint["provenance"]`: plain containers,
+    diff, versions: `kindling.run.provenance`) as `checkpoint["provenance"]`: plain containers,
     which `weights_only` loads."""
 
     def __init__(self, config: dict[str, Any], provenance: dict[str, Any] | None = None):

@@ -6,7 +6,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 from rich.console import Console
 
-from kindling.utils.device_report import GIB, collect_device_info, device_table
+from kindling.hardware import GIB, collect_device_info, device_table
 
 
 class DeviceReport(Callback):

@@ -13,7 +13,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from kindling.utils import lightning_patches
+from kindling import internals
 
 
 class CheckpointOnInterrupt(Callback):
@@ -55,12 +55,12 @@ class CheckpointOnInterrupt(Callback):
     def on_validation_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
         # Lightning stops after this hook when the flag is up; hold it down until the end.
         if trainer.state.fn == TrainerFn.FITTING and trainer.received_sigterm:
-            lightning_patches.set_sigterm_received(trainer, False)
+            internals.set_sigterm_received(trainer, False)
             self._held = True
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._held:
-            lightning_patches.set_sigterm_received(trainer, True)
+            internals.set_sigterm_received(trainer, True)
             self._held = False
 
     def _stop_at_step_end(self, signum: int, frame: FrameType | None) -> None:

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from kindling.utils import lightning_patches
+from kindling import internals
 
 
 def rng_states() -> dict[str, Any]:
@@ -65,7 +65,7 @@ class ResumeExactly(Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._loader_states:
-            lightning_patches.continue_training_loader(trainer, self._loader_states)
+            internals.continue_training_loader(trainer, self._loader_states)
             self._loader_states = []
         if self._rng is not None:
             set_rng_states(self._rng)

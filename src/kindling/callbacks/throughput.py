@@ -11,7 +11,7 @@ from lightning.pytorch.callbacks import ThroughputMonitor
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
-from kindling.utils import lightning_patches
+from kindling import internals
 
 
 def batch_length(batch: Any) -> int:
@@ -40,7 +40,7 @@ class ThroughputWithMFU(ThroughputMonitor):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
         if self.peak_flops:
-            lightning_patches.set_available_flops(self, int(self.peak_flops))
+            internals.set_available_flops(self, int(self.peak_flops))
         if self.available_flops is None:
             rank_zero_info("Peak FLOPs of this device unknown: MFU is not logged (set peak_flops).")
 

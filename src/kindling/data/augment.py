@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torchvision.transforms import v2
 
-from kindling.utils.errors import UserError
+from kindling.config.errors import UserError
 
 Transform = Callable[[torch.Tensor], torch.Tensor]
 

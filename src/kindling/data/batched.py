@@ -11,7 +11,7 @@ from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from kindling.utils.errors import UserError
+from kindling.config.errors import UserError
 
 
 def per_device_batch_size(batch_size: int, world_size: int) -> int:

@@ -5,7 +5,7 @@ from typing import Any
 
 import torch
 
-from kindling.utils import lightning_patches
+from kindling import internals
 
 
 class DeviceTensorLoader:
@@ -46,7 +46,7 @@ class DeviceTensorLoader:
         self.epoch = 0
         # Lightning calls `loader.sampler.set_epoch(epoch)` at the start of every epoch, as it
         # does for a DistributedSampler: a resumed run shuffles like an uninterrupted one.
-        lightning_patches.check_sampler_epoch()
+        internals.check_sampler_epoch()
         self.sampler = self
         self.batch_sampler = None  # read by Lightning's checks, as on a DataLoader
         self.even_shards = even_shards

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from kindling.utils.errors import UserError
+from kindling.config.errors import UserError
 
 log = logging.getLogger(__name__)
 

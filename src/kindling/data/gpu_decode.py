@@ -9,7 +9,7 @@ from torch.utils.data import Dataset, default_collate
 from torchvision.io import ImageReadMode, decode_image, decode_jpeg, read_file
 from torchvision.transforms.v2.functional import resize
 
-from kindling.utils.errors import UserError
+from kindling.config.errors import UserError
 
 JPEG_MAGIC = b"\xff\xd8\xff"
 

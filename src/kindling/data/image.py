@@ -9,11 +9,11 @@ from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.pytorch.accelerators import CUDAAccelerator
 from torch.utils.data import DataLoader
 
+from kindling.config.errors import UserError
 from kindling.data.augment import BatchAugment, DeviceGenerator, Transform
 from kindling.data.batched import BatchedDataModule, per_device_batch_size
 from kindling.data.device_loader import DeviceTensorLoader
 from kindling.data.in_memory import BatchIndexedTensors
-from kindling.utils.errors import UserError
 
 # data.on_device=auto: the share of the device's free memory the whole data set may take.
 ON_DEVICE_SHARE = 0.25

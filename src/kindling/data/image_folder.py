@@ -8,13 +8,13 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
+from kindling.config.errors import UserError
 from kindling.data.augment import Transform, worker_transform
 from kindling.data.batched import BatchedDataModule, per_device_batch_size
 from kindling.data.folder import Samples, carve, read_image_folder
 from kindling.data.gpu_decode import EncodedImageFiles, check_decode_device, decode_batch
 from kindling.data.image_files import ImageFiles, readable
 from kindling.data.normalize import cached_statistics, channel_statistics, to_model_input
-from kindling.utils.errors import UserError
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
-from kindling.utils.files import write_atomically
+from kindling.files import write_atomically
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from kindling.utils.errors import UserError
+from kindling.config.errors import UserError
 
 METADATA_FILE = "kindling.json"
 # The layout of a prepared sample (`{"index", "image", "label"}`, uint8 `(C, H, W)` images).

@@ -10,11 +10,11 @@ import torch
 from lightning.pytorch.accelerators import CUDAAccelerator
 from litdata import StreamingDataLoader, StreamingDataset
 
+from kindling.config.errors import UserError
 from kindling.data.augment import Transform, worker_transform
 from kindling.data.batched import BatchedDataModule, per_device_batch_size
 from kindling.data.normalize import to_model_input
 from kindling.data.prepared import read_metadata, split_location
-from kindling.utils.errors import UserError
 
 log = logging.getLogger(__name__)
 

@@ -12,9 +12,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from kindling.config.errors import UserError
 from kindling.data.batched import BatchedDataModule, per_device_batch_size
-from kindling.utils.errors import UserError
-from kindling.utils.files import write_atomically
+from kindling.files import write_atomically
 
 # Public-domain corpora that `data.download=<name>` fetches from their canonical address.
 CORPORA = {

@@ -6,8 +6,8 @@ from typing import ClassVar
 import torch
 from torchvision import datasets
 
+from kindling.config.errors import UserError
 from kindling.data.image import ImageDataModule, Split
-from kindling.utils.errors import UserError
 
 
 class TorchvisionDataModule(ImageDataModule):

@@ -12,10 +12,10 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from torch import nn
 from torchmetrics import Metric
 
+from kindling.config.errors import UserError
 from kindling.data.text import Vocabulary
 from kindling.modules.metrics import log_epoch_metrics, running_mean
 from kindling.modules.optimization import OptimizerFactory, SchedulerFactory, configure_optimizers
-from kindling.utils.errors import UserError
 
 NetFactory = Callable[..., nn.Module]  # takes vocab_size=
 Batch = tuple[torch.Tensor, torch.Tensor]  # input ids (B, T), target ids (B, T)

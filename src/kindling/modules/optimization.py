@@ -16,7 +16,7 @@ import lightning as L
 import torch
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 
-from kindling.utils.errors import UserError
+from kindling.config.errors import UserError
 
 OptimizerFactory = Callable[..., torch.optim.Optimizer]
 SchedulerFactory = Callable[..., LRScheduler]

@@ -20,9 +20,9 @@ from optuna.samplers import BaseSampler
 from optuna.storages import BaseStorage
 from optuna.trial import TrialState
 
+from kindling.config.errors import UserError
 from kindling.sweeps import study as studies
 from kindling.sweeps.search_space import parse_search_space
-from kindling.utils import UserError
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from optuna.distributions import (
     IntDistribution,
 )
 
-from kindling.utils import UserError
+from kindling.config.errors import UserError
 
 
 def parse_search_space(overrides: list[str]) -> tuple[dict[str, BaseDistribution], list[str]]:

@@ -11,8 +11,8 @@ from fsspec.implementations.local import LocalFileSystem
 from hydra.utils import get_object, instantiate
 from lightning.fabric.plugins import TorchCheckpointIO
 
-from kindling.utils.errors import UserError
-from kindling.utils.files import write_atomically
+from kindling.config.errors import UserError
+from kindling.files import write_atomically
 
 
 def is_url(path: str | Path) -> bool:

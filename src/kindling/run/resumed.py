@@ -5,9 +5,9 @@ from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
 
-from kindling.utils import run_folder
-from kindling.utils.checkpoint import is_url
-from kindling.utils.errors import UserError
+from kindling.checkpoints import is_url
+from kindling.config.errors import UserError
+from kindling.run import run_folder
 
 
 def find_last_checkpoint(runs_dir: str | Path) -> Path | None:

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
-from kindling.utils.files import write_atomically
+from kindling.files import write_atomically
 
 # Where rank 0 of a torchrun or srun launch leaves the path of its run folder for the other ranks.
 LAUNCHES_DIR = ".launches"

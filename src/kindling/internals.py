@@ -1,51 +1,76 @@
-"""Every place kindling relies on a private part of Lightning, each checked before it is used.
+"""The private parts of Lightning kindling relies on, for correctness no public API gives.
 
-- `kindling.utils.hydra_ddp.install` replaces the command that starts ranks 1..N-1 under Hydra:
-  `_hydra_subprocess_cmd(local_rank)` of the Trainer's and Fabric's subprocess launchers, which
-  they look up by name when they start the ranks.
-- `kindling.callbacks.ThroughputWithMFU` sets the peak FLOPs of a device Lightning's table does
-  not know: `ThroughputMonitor._throughputs`, the `Throughput` of each stage made in `setup`.
-- `kindling.data.device_loader.DeviceTensorLoader` has Lightning call its `set_epoch` although it
-  is not a DataLoader: `lightning.fabric.utilities.data._set_sampler_epoch`, which the fit loop
-  calls with each loader and which calls `loader.sampler.set_epoch(epoch)`.
-- `kindling.callbacks.CheckpointOnInterrupt` holds a SIGTERM that arrives during validation until
-  validation ends: `_SignalConnector.received_sigterm`, the flag Lightning's loops stop on.
-- `kindling.callbacks.ResumeExactly` gives a resumed run's training loader the checkpoint's state
-  and a new iterator: `_FitLoop._combined_loader` and `_data_fetcher`, made in `setup_data`, and
-  `CombinedLoader._load_state_dicts(states)`.
-- `install_prompt_progress_stop` has `RichProgressBar` stop at once at the end of fit and test:
-  its drawing thread, `rich_progress._RefreshThread` (made by `CustomProgress.start`), sleeps
-  1/refresh_rate s between draws, and stopping the bar waits for that sleep to end.
+Each is checked when the feature that needs it first runs (not at every run's start), and a
+Lightning release that changed it stops that feature with one line naming the release and the
+versions kindling was tested with, instead of silently doing nothing:
 
-A Lightning release that renames any of these would make the patch do nothing, silently: every
-DDP rank would start the whole sweep again, MFU would be missing, each epoch would shuffle the
-same way. So each check stops the run with one message naming the Lightning version instead.
-`pyproject.toml` bounds Lightning to the minor version the tests were run with (2.6.6).
+- DDP under a Hydra multirun: `kindling.run.hydra_ddp.install` replaces the command that
+  starts ranks 1..N-1, `_hydra_subprocess_cmd(local_rank)` of the Trainer's and Fabric's
+  subprocess launchers. Lightning's own re-runs the whole sweep in every rank
+  (Lightning-AI/pytorch-lightning#11300, #15689). Tested: tests/test_distributed.py.
+- Mid-epoch resume: `kindling.callbacks.ResumeExactly` gives a resumed run's training loader the
+  checkpoint's state and a new iterator, through `_FitLoop._combined_loader`/`_data_fetcher` and
+  `CombinedLoader._load_state_dicts`: Lightning restores a loader's state only when the loader
+  is made after the loops are restored (#19427). Tested: tests/test_midepoch_resume.py.
+- Epochs of the on-device loader: `kindling.data.device_loader.DeviceTensorLoader` has the fit
+  loop call its sampler's `set_epoch`, through `lightning.fabric.utilities.data._set_sampler_epoch`
+  (only DataLoaders get it publicly), so each epoch shuffles anew. Tested: tests/test_fast_path.py.
+- SIGTERM during validation: `kindling.callbacks.CheckpointOnInterrupt` holds the flag the loops
+  stop on, `_SignalConnector.received_sigterm`, until validation ends. Tested:
+  tests/test_reliability.py.
+- MFU on devices Lightning's table does not know: `kindling.callbacks.ThroughputWithMFU` sets
+  `ThroughputMonitor._throughputs[...].available_flops` (callbacks=throughput only).
 """
 
 import functools
 import inspect
 from collections.abc import Callable, Sequence
-from types import ModuleType
+from types import CodeType, ModuleType
 
 import lightning
 from lightning.fabric.strategies.launchers import subprocess_script as fabric_launcher
 from lightning.fabric.utilities import data as fabric_data
 from lightning.fabric.utilities.throughput import Throughput
 from lightning.pytorch.callbacks import ThroughputMonitor
-from lightning.pytorch.callbacks.progress import rich_progress
 from lightning.pytorch.loops import fit_loop
 from lightning.pytorch.strategies.launchers import subprocess_script as pytorch_launcher
 from lightning.pytorch.trainer.connectors.signal_connector import _SignalConnector
 from lightning.pytorch.utilities.combined_loader import CombinedLoader
 
-from kindling.utils.errors import UserError
-from kindling.utils.internals import calls, requirement
+from kindling.config.errors import UserError
 
-# The minor version the tests ran with; keep in step with `lightning` in pyproject.toml.
+# The releases the tests ran with: what a failing check asks to install.
 SUPPORTED = "lightning>=2.6,<2.7"
 
 RankCommand = Callable[[int], tuple[Sequence[str], str]]
+
+
+def requirement(
+    error: type[UserError], package: str, version: str, supported: str
+) -> Callable[[bool, str], None]:
+    """`require(condition, what)`: raise `error` naming `what` when `condition` is false."""
+
+    def require(condition: bool, what: str) -> None:
+        if not condition:
+            raise error(
+                f"kindling relies on {what}, which {package} {version} does not have. "
+                f"Install a version kindling supports: pip install '{supported}'."
+            )
+
+    return require
+
+
+def calls(function: Callable, name: str, *, nested: bool = False) -> bool:
+    """Whether `function`'s code names `name` (a global or an attribute), so replacing it takes
+    effect; with `nested`, the code of the functions and lambdas it defines counts too."""
+    codes = [inspect.unwrap(function).__code__]
+    while codes:
+        code = codes.pop()
+        if name in code.co_names:
+            return True
+        if nested:
+            codes += [const for const in code.co_consts if isinstance(const, CodeType)]
+    return False
 
 
 class LightningInternalsChanged(UserError):
@@ -164,43 +189,3 @@ def set_sigterm_received(trainer: lightning.Trainer, received: bool) -> None:
     """Set the flag Lightning's loops read to stop at the end of a step (and say SIGTERM came)."""
     check_sigterm_flag()
     trainer._signal_connector.received_sigterm = received
-
-
-@functools.cache
-def check_progress_refresh_thread() -> None:
-    thread = getattr(rich_progress, "_RefreshThread", None)
-    _require(
-        thread is not None
-        and calls(rich_progress.CustomProgress.start, "_RefreshThread")
-        and {"refresh_cond", "live", "done"} <= set(_PromptRefreshThread(None, 1).__dict__),
-        "rich_progress._RefreshThread(live, refresh_per_second), made by CustomProgress.start",
-    )
-
-
-class _PromptRefreshThread(getattr(rich_progress, "_RefreshThread", object)):  # type: ignore[misc]
-    """Lightning's drawing thread of the rich progress bar (it draws only when the bar asked for
-    it, `refresh_cond`), waiting on its stop event instead of sleeping, so that it ends as soon
-    as the bar stops."""
-
-    def run(self) -> None:
-        while not self.done.wait(1 / self.refresh_per_second):
-            if self.refresh_cond:
-                with self.live._lock:
-                    self.live.refresh()
-                self.refresh_cond = False
-
-
-def install_prompt_progress_stop() -> None:
-    """Have every RichProgressBar stop without waiting up to 1/refresh_rate s (twice a run)."""
-    check_progress_refresh_thread()
-    rich_progress._RefreshThread = _PromptRefreshThread
-
-
-def check_all() -> None:
-    """Every check above: the run stops before any work if one fails."""
-    check_hydra_launchers()
-    check_throughput_monitor()
-    check_sampler_epoch()
-    check_training_loader()
-    check_sigterm_flag()
-    check_progress_refresh_thread()

@@ -11,7 +11,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from kindling.utils.errors import REFUSALS, UserError, config_mistake, find_user_error
+from kindling.config.errors import REFUSALS, UserError, config_mistake, find_user_error
 
 # Keys of an object's config that are Hydra's, not arguments of the object.
 HYDRA_KEYS = ("_target_", "_partial_", "_recursive_", "_convert_", "_args_")
@@ -24,7 +24,7 @@ def build(node: DictConfig, key: str, **kwargs: Any) -> Any:
     The objects nested in `node` (`model.net`) are built first, each under its own key. A
     `_partial_: true` one becomes a `ConfigFactory`, which names its key when it is called later
     (the optimizer, in `configure_optimizers` inside `trainer.fit`). What counts as a config
-    mistake is `kindling.utils.errors.config_mistake`; other errors keep their traceback.
+    mistake is `kindling.config.errors.config_mistake`; other errors keep their traceback.
 
     `_convert_="all"`: objects get plain lists and dicts, never OmegaConf containers, so what
     they save into checkpoints loads with `torch.load(weights_only=True)`.

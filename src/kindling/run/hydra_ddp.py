@@ -21,7 +21,8 @@ import torch.distributed
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import get_original_cwd, to_absolute_path
 
-from kindling.utils import lightning_patches, run_folder
+from kindling import internals
+from kindling.run import run_folder
 
 # What Lightning's launcher writes into os.environ of the launching process.
 _LAUNCHER_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")
@@ -54,7 +55,7 @@ def child_rank_command(local_rank: int) -> tuple[Sequence[str], str]:
 
 def install() -> None:
     """Use `child_rank_command` in Lightning's launchers (Trainer and Fabric), checked first."""
-    lightning_patches.install_hydra_rank_command(child_rank_command)
+    internals.install_hydra_rank_command(child_rank_command)
 
 
 @contextmanager

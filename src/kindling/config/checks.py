@@ -11,9 +11,9 @@ from hydra.core.hydra_config import HydraConfig
 from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
 from omegaconf import DictConfig, OmegaConf
 
-from kindling.utils.checkpoint import read_checkpoint
-from kindling.utils.errors import UserError
-from kindling.utils.instantiate import locate
+from kindling.checkpoints import read_checkpoint
+from kindling.config.errors import UserError
+from kindling.config.instantiate import locate
 
 
 def requested_world_size(trainer: DictConfig) -> int:

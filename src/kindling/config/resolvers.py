@@ -1,0 +1,32 @@
+"""The resolvers the configs use (`${name:...}`), registered when this module is imported.
+
+Each computes a value from its arguments; `run_stamp` and `sweep_dir` also claim the folder they
+name, once per process (cached, like Hydra's own `now`).
+"""
+
+from omegaconf import OmegaConf
+
+from kindling.data.folder import class_count
+from kindling.data.prepared import prepared_value
+from kindling.hardware import best_precision
+from kindling.run import hydra_ddp, resumed, run_folder
+
+# Each run and multirun claims a folder of its own (configs/hydra/default.yaml,
+# kindling/run/run_folder.py); cached, like Hydra's own `now`, so a folder is claimed once.
+OmegaConf.register_new_resolver("run_stamp", run_folder.run_stamp, use_cache=True, replace=True)
+OmegaConf.register_new_resolver("sweep_dir", run_folder.sweep_folder, use_cache=True, replace=True)
+# Resumed training continues in its checkpoint's run folder (kindling/run/resumed.py).
+OmegaConf.register_new_resolver("run_dir", resumed.run_dir, replace=True)
+OmegaConf.register_new_resolver("hydra_subdir", resumed.hydra_subdir, replace=True)
+# trainer=gpu_per_job gives job N of a parallel sweep its own GPU: `devices: ${job_device:}`.
+OmegaConf.register_new_resolver("job_device", hydra_ddp.job_device, replace=True)
+# data=image_folder counts its classes: `num_classes: ${class_count:${data.path}}`; the augment
+# group pads crops by an eighth of the image size: `${div:${data.image_shape.1},8}`.
+OmegaConf.register_new_resolver("class_count", class_count, replace=True)
+OmegaConf.register_new_resolver("div", lambda a, b: int(a) // int(b), replace=True)
+# The GPU defaults of configs/trainer/default.yaml: the device's best precision,
+# `${best_precision:${trainer.accelerator}}`, and `benchmark: ${not:${trainer.deterministic}}`.
+OmegaConf.register_new_resolver("best_precision", best_precision, replace=True)
+OmegaConf.register_new_resolver("not", lambda value: not value, replace=True)
+# data=streaming reads its classes and image shape from the prepared copy.
+OmegaConf.register_new_resolver("prepared", prepared_value, replace=True)
