@@ -186,8 +186,11 @@ BAD_INPUT = {
         ["trainer.accelerator=cpu", "trainer.devices=2", "data.batch_size=63"],
         "must divide evenly over 2 processes",
     ),
-    "non-numeric value": (["model.optimizer.lr=fast"], "model.optimizer.lr must be a number"),
-    "null number": (["data.batch_size=null"], "data.batch_size must be a number"),
+    "non-numeric value": (
+        ["model.optimizer.lr=fast"],
+        "model.optimizer.lr=fast has the wrong type",
+    ),
+    "null number": (["data.batch_size=null"], "data.batch_size=null has the wrong type"),
     "data missing offline": (["data=mnist", "data.download=false"], "MNIST/raw"),
     "test without checkpoint": (["train=false"], "give it with ckpt_path=<file>"),
     "classifier on text": (

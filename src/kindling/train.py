@@ -33,7 +33,7 @@ from kindling.checkpoints import is_url
 from kindling.config import checks, resolvers  # noqa: F401 - importing registers the resolvers
 from kindling.config.config_tree import print_config_tree
 from kindling.config.errors import UserError, find_user_error
-from kindling.config.instantiate import build, instantiate_group
+from kindling.config.instantiate import build, check_arguments, instantiate_group
 from kindling.data.batched import per_device_batch_size
 from kindling.known_warnings import ignore_unhelpful_warnings
 from kindling.run import hydra_ddp, provenance, resumed
@@ -128,7 +128,10 @@ def build_trainer(
 def _check(cfg: DictConfig) -> str | None:
     """Fail on bad input before any work; return the checkpoint file to start from, if any."""
     checks.check_model_fits_data(cfg)
-    checks.check_value_types(cfg)
+    checks.check_seed(cfg.get("seed"))
+    # Every object's config against its target's signature, before anything is built.
+    for group in ("data", "model", "trainer", "callbacks", "logger"):
+        check_arguments(cfg.get(group), group)
     checks.check_accelerator(cfg.trainer)
     checks.check_launched_processes(cfg.trainer)
     if "batch_size" in cfg.data:

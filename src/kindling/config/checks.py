@@ -1,10 +1,7 @@
 """Checks of the config that fail fast, with a message that names the problem and the fix."""
 
-import inspect
 import os
-import typing
 from pathlib import Path
-from types import NoneType, UnionType
 
 import torch
 from hydra.core.hydra_config import HydraConfig
@@ -13,7 +10,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from kindling.checkpoints import read_checkpoint
 from kindling.config.errors import UserError
-from kindling.config.instantiate import locate
 
 
 def requested_world_size(trainer: DictConfig) -> int:
@@ -128,134 +124,7 @@ def check_checkpoint(path: Path, model: DictConfig) -> None:
         )
 
 
-# Top-level keys that kindling.train passes to a function rather than to a `_target_`.
-TOP_LEVEL_TARGETS = {"seed": "lightning.seed_everything"}
-
-# The annotations this check reads; any other type (str, Path, Literal, a class) may come from a
-# config value in ways only its class knows, so a parameter annotated with one is never checked.
-NUMBERS = (int, float, torch.Tensor)
-CHECKED = (*NUMBERS, bool, NoneType)
-
-
-def check_value_types(cfg: DictConfig) -> None:
-    """A command-line value that its target's signature cannot take: one line naming the key.
-
-    `trainer.max_epochs=abc` would otherwise fail deep inside Lightning. What a key takes is read
-    from the annotation of the argument it sets, in the signature of its node's `_target_`:
-    `int | None` takes a number or null, `float | Tensor` a number. Only annotations made of
-    numbers, bools and None are checked, so that no value the target accepts is ever refused;
-    the target's own validation does the rest. A key that another copies whole
-    (`image_shape: ${data.image_shape}`) must suit that one's target too.
-    """
-    if not HydraConfig.initialized():
-        return
-    hydra_cfg = HydraConfig.get()
-    groups = set(hydra_cfg.runtime.choices)
-    given = {}
-    for override in hydra_cfg.overrides.task:
-        key, _, value = override.partition("=")
-        key = key.lstrip("+")
-        if not key.startswith("~") and key not in groups:
-            given[key] = value
-    if not given:
-        return
-    for key, value in given.items():
-        _check_value(cfg, key, source=key, given=value)
-    for user, source in _copies(OmegaConf.to_container(cfg, resolve=False), given):
-        _check_value(cfg, user, source=source, given=given[source])
-
-
-def _copies(node: object, keys: dict, path: str = "") -> list[tuple[str, str]]:
-    """(key, source) for every value of the unresolved config that is exactly `${source}`."""
-    found = []
-    if isinstance(node, dict):
-        for name, value in node.items():
-            key = f"{path}.{name}" if path else str(name)
-            whole = isinstance(value, str) and value.startswith("${") and value.endswith("}")
-            if whole and value[2:-1] in keys:
-                found.append((key, value[2:-1]))
-            found += _copies(value, keys, key)
-    return found
-
-
-def _check_value(cfg: DictConfig, key: str, source: str, given: str) -> None:
-    parent_key, _, name = key.rpartition(".")
-    if parent_key:
-        parent = OmegaConf.select(cfg, parent_key, throw_on_resolution_failure=False)
-        target = parent.get("_target_") if isinstance(parent, DictConfig) else None
-    else:
-        target = TOP_LEVEL_TARGETS.get(name)
-    if not isinstance(target, str):
-        return
-    annotation = _annotation(target, name)
-    allowed = _checked_types(annotation)
-    try:
-        value = OmegaConf.select(cfg, key)
-    except Exception:  # an interpolation that does not resolve: its own error says why
-        return
-    if not allowed or _accepts(allowed, value):
-        return
-    copied = f": {key} is ${{{source}}}" if key != source else ""
-    signature = f"{target.rsplit('.', 1)[-1]}'s {name}: {_type_name(annotation)}"
-    raise UserError(f"{source} must be {_described(allowed)}, got {given}{copied} ({signature}).")
-
-
-def _annotation(target: str, name: str) -> object:
-    """The annotation of argument `name` of the class or function `target` (None: unknown).
-
-    A class whose `__init__` passes `**kwargs` on to its base is searched on in the base.
-    """
-    try:
-        # kindling's locate, not Hydra's get_object: that one logs an error of its own.
-        found = locate(target, key="")
-    except Exception:  # not importable: building it says so, once
-        return None
-    for function in [c.__init__ for c in found.__mro__] if isinstance(found, type) else [found]:
-        try:
-            parameters = inspect.signature(function, eval_str=True).parameters
-        except Exception:  # no signature, or annotations that do not evaluate
-            return None
-        if name in parameters:
-            return parameters[name].annotation
-        if not any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
-            return None
-    return None
-
-
-def _checked_types(annotation: object) -> tuple[type, ...]:
-    """The types of an annotation made of numbers, bools and None only; () for any other."""
-    members = typing.get_args(annotation) if _is_union(annotation) else (annotation,)
-    if not all(isinstance(m, type) and issubclass(m, CHECKED) for m in members):
-        return ()
-    return members
-
-
-def _is_union(annotation: object) -> bool:
-    return typing.get_origin(annotation) in (typing.Union, UnionType)
-
-
-def _accepts(allowed: tuple[type, ...], value: object) -> bool:
-    """Numbers and bools pass for any checked type (Python takes True as 1 and 0 as false);
-    null only where the annotation has None; text never."""
-    if value is None:
-        return NoneType in allowed
-    if isinstance(value, int | float):
-        return True
-    return not isinstance(value, str)  # a list or a config: left to the target
-
-
-def _described(allowed: tuple[type, ...]) -> str:
-    words = []
-    if any(t is not bool and issubclass(t, NUMBERS) for t in allowed):
-        words.append("a number")
-    elif bool in allowed:
-        words += ["true", "false"]
-    if NoneType in allowed:
-        words.append("null")
-    return " or ".join(words) if len(words) < 3 else f"{', '.join(words[:-1])} or {words[-1]}"
-
-
-def _type_name(annotation: object) -> str:
-    if _is_union(annotation):
-        return " | ".join(_type_name(m) for m in typing.get_args(annotation))
-    return "None" if annotation is NoneType else getattr(annotation, "__name__", str(annotation))
+def check_seed(seed: object) -> None:
+    """`seed` goes to `seed_everything`, not to a `_target_`: checked here."""
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise UserError(f"seed must be a whole number or null, got {seed}.")

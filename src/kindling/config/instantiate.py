@@ -1,35 +1,51 @@
-"""Build objects from config, turning a config mistake into a message that names its key."""
+"""Build objects from config, after checking each against its target's signature.
+
+One mechanism words every config mistake as one line naming its key:
+- before anything is built, `check_arguments` binds each object's config to its `_target_`'s
+  signature: a target that does not exist (with the names it could be), an argument the target
+  does not take, one it needs and is not given, a value of another type than it declares;
+- while an object is built, or later when a `_partial_` factory is called (the optimizer in
+  `configure_optimizers`), a `ValueError` or Lightning's `MisconfigurationException` (what
+  argument checks raise, in torch, Lightning and kindling) names the key and the values set,
+  and a missing package (`ImportError`) says so.
+Everything else (a bug in a constructor, anything raised in `forward`) keeps its traceback.
+"""
 
 import difflib
 import functools
 import importlib
 import inspect
 import pkgutil
+import re
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from types import UnionType
 from typing import Any
 
+import torch
+from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from omegaconf import DictConfig, OmegaConf
 
-from kindling.config.errors import REFUSALS, UserError, config_mistake, find_user_error
+from kindling.config.errors import UserError, find_user_error
 
 # Keys of an object's config that are Hydra's, not arguments of the object.
 HYDRA_KEYS = ("_target_", "_partial_", "_recursive_", "_convert_", "_args_")
+# What argument checks raise when they refuse a value.
+REFUSALS = (ValueError, MisconfigurationException)
 
 
 def build(node: DictConfig, key: str, **kwargs: Any) -> Any:
-    """`instantiate(node)`, where a config mistake becomes one line naming its key and value:
-    `model.optimizer.lr=-1 is refused by torch.optim.AdamW: Invalid learning rate: -1`.
+    """`instantiate(node)` once `check_arguments` passed; a refused value is one line naming it.
 
     The objects nested in `node` (`model.net`) are built first, each under its own key. A
-    `_partial_: true` one becomes a `ConfigFactory`, which names its key when it is called later
-    (the optimizer, in `configure_optimizers` inside `trainer.fit`). What counts as a config
-    mistake is `kindling.config.errors.config_mistake`; other errors keep their traceback.
-
+    `_partial_: true` one becomes a `ConfigFactory`, which names its key when it is called.
     `_convert_="all"`: objects get plain lists and dicts, never OmegaConf containers, so what
     they save into checkpoints loads with `torch.load(weights_only=True)`.
     """
-    target = locate(node.get("_target_"), key)
+    check_arguments(node, key, provided=kwargs)
     if node.get("_recursive_", True):
         for name, child in node.items():
             if name not in kwargs and isinstance(child, DictConfig) and "_target_" in child:
@@ -40,70 +56,92 @@ def build(node: DictConfig, key: str, **kwargs: Any) -> Any:
         cause = error.__cause__
         if cause is None:  # Hydra's own refusal (a blocklisted target): its message is clear
             raise
-        failure = find_user_error(cause)
-        if failure is None:
-            given = _given(node, kwargs)
-            arguments = {**given, **kwargs}
-            failure = config_mistake(cause, key, target, arguments, given, node._target_)
-            if failure is not None:
-                raise failure from cause
-        # A bug, or a UserError raised inside: raised as itself, without Hydra's wrapper (which
-        # shows no traceback), outside this block (so it is not its own context).
+        failure = find_user_error(cause) or refusal(cause, key, node._target_, _given(node))
+        # Raised outside this block, so that Hydra's wrapper is not its context.
         failure = failure or cause
     else:
         if isinstance(built, functools.partial):
-            return ConfigFactory(built, key, _given(node, kwargs), node._target_)
+            return ConfigFactory(built, key, _given(node), node._target_)
         return built
-    raise failure
+    if failure is cause:
+        raise failure
+    raise failure from cause
+
+
+def instantiate_group(group: DictConfig | None, key: str) -> list[Any]:
+    """Build every entry of `{name: {_target_: ...}}` (callbacks, loggers); null entries are off.
+
+    A user turns one entry off with `callbacks.early_stopping=null`.
+    """
+    if not group:
+        return []
+    return [build(entry, f"{key}.{name}") for name, entry in group.items() if entry is not None]
 
 
 class ConfigFactory:
-    """A `_partial_: true` object of the config at `key`: calling it builds the object.
+    """A `_partial_: true` object of the config at `key`: calling it builds the object, and a
+    value refused then (`model.optimizer.lr=-1`, inside `trainer.fit`) names its key."""
 
-    A config mistake that shows only then (`model.optimizer.lr=-1` when `configure_optimizers`
-    calls it inside `trainer.fit`, a net built once the vocabulary is known) becomes a UserError
-    naming the key, as in `build`. `func`, `args` and `keywords` are the partial's.
-    """
-
-    def __init__(
-        self, partial: functools.partial, key: str, given: dict[str, Any], name: str
-    ) -> None:
+    def __init__(self, partial: functools.partial, key: str, given: dict, name: str) -> None:
         self.partial, self.key, self.given, self.name = partial, key, given, name
-
-    @property
-    def func(self) -> Any:
-        return self.partial.func
-
-    @property
-    def args(self) -> tuple[Any, ...]:
-        return self.partial.args
-
-    @property
-    def keywords(self) -> dict[str, Any]:
-        return self.partial.keywords
+        self.func, self.args, self.keywords = partial.func, partial.args, partial.keywords
 
     @property
     def __signature__(self) -> inspect.Signature:
-        # What the partial still takes (e.g. a schedule's `total_steps`), for inspect.signature;
-        # with an argument its target does not take, the target's own (calling it says why).
-        try:
-            return inspect.signature(self.partial)
-        except ValueError:
-            return inspect.signature(self.partial.func)
+        # What the partial still takes (e.g. a schedule's `total_steps`), for inspect.signature.
+        return inspect.signature(self.partial)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         try:
             return self.partial(*args, **kwargs)
-        except REFUSALS as error:
-            arguments = {**self.partial.keywords, **kwargs}
-            target = self.partial.func
-            mistake = config_mistake(error, self.key, target, arguments, self.given, self.name)
-            if mistake is None:
+        except (*REFUSALS, ImportError) as error:
+            failure = refusal(error, self.key, self.name, self.given)
+            if failure is None:
                 raise
-            raise mistake from error
+            raise failure from error
 
     def __repr__(self) -> str:
         return f"ConfigFactory({self.key}: {self.partial!r})"
+
+
+# ------------------------------------------------------------------------------------------------
+# Before building: the config against the signature
+
+
+def check_arguments(node: Any, key: str, provided: Mapping[str, Any] = {}) -> None:
+    """Every object under `node` (a config with `_target_`): its target exists, takes each
+    argument given, is given each one it needs (unless `_partial_` or `provided` by the caller),
+    and each value has the type the signature declares (where a plain value can be judged)."""
+    if not isinstance(node, DictConfig):
+        return
+    if "_target_" not in node:
+        for name, child in node.items():
+            check_arguments(child, f"{key}.{name}")
+        return
+    target = locate(node._target_, key)
+    name = node._target_
+    parameters, takes_any = _parameters(target)
+    given = _given(node)
+    for argument, value in given.items():
+        if argument not in parameters and not takes_any:
+            raise UserError(
+                f"{key}.{argument}={_show(value)}: {name} takes no argument {argument!r} (it "
+                f"takes {', '.join(parameters)}). Remove {key}.{argument} or correct its name."
+            )
+        hint = _type_hints(target).get(argument)
+        if hint is not None and not _matches(value, hint):
+            raise UserError(
+                f"{key}.{argument}={_show(value)} has the wrong type: {name} takes "
+                f"{argument}: {_type_name(hint)}. Change {key}.{argument}."
+            )
+    if not node.get("_partial_", False):
+        for argument in _required(target):
+            if argument not in given and argument not in node and argument not in provided:
+                raise UserError(f"{key}: {name} needs {argument}. Add +{key}.{argument}=<value>.")
+    if node.get("_recursive_", True):
+        for argument, child in node.items():
+            if argument not in HYDRA_KEYS and argument not in provided:
+                check_arguments(child, f"{key}.{argument}")
 
 
 def locate(path: Any, key: str) -> Any:
@@ -132,7 +170,7 @@ def locate(path: Any, key: str) -> Any:
 
 
 def _has_no(owner: Any, attribute: str) -> str:
-    """`kindling.models has no Nope (it has CNNClassifier, ...)`."""
+    """`kindling.models has no Nope (it has CNNClassifier, ...)`, or the closest names."""
     names = getattr(owner, "__all__", None)
     if names is None:
         names = [n for n, v in vars(owner).items() if not n.startswith("_") and inspect.isclass(v)]
@@ -145,14 +183,161 @@ def _has_no(owner: Any, attribute: str) -> str:
     return f"{text} (did you mean {' or '.join(close)}?)" if close else text
 
 
-def _given(node: DictConfig, built: dict[str, Any]) -> dict[str, Any]:
-    """The arguments `node` gives as plain values (nested objects, built, left out)."""
+def _signatures(target: Callable[..., Any]) -> list[inspect.Signature]:
+    """The target's signature; a class's `**kwargs` followed into its parents' `__init__`
+    (DigitsDataModule -> ImageDataModule)."""
+    if not isinstance(target, type):
+        return [inspect.signature(target)]
+    found = []
+    for cls in target.__mro__:
+        if "__init__" in vars(cls):
+            signature = inspect.signature(cls.__init__)
+            found.append(signature)
+            if not any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values()):
+                break
+    return found
+
+
+def _parameters(target: Callable[..., Any]) -> tuple[list[str], bool]:
+    """The named arguments `target` takes, and whether it takes any name (`**kwargs` at the end
+    of the chain)."""
+    names: list[str] = []
+    takes_any = False
+    try:
+        signatures = _signatures(target)
+    except (TypeError, ValueError):  # no signature to read (some builtins): judge nothing
+        return names, True
+    for signature in signatures:
+        kinds = {p.kind for p in signature.parameters.values()}
+        takes_any = inspect.Parameter.VAR_KEYWORD in kinds
+        names += [
+            p.name
+            for p in signature.parameters.values()
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+            and p.name not in names
+            and p.name != "self"
+        ]
+    return names, takes_any
+
+
+def _required(target: Callable[..., Any]) -> list[str]:
+    try:
+        (signature, *_) = _signatures(target)
+    except (TypeError, ValueError):
+        return []
+    return [
+        p.name
+        for p in signature.parameters.values()
+        if p.default is p.empty
+        and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        and p.name != "self"
+    ]
+
+
+def _type_hints(target: Callable[..., Any]) -> dict[str, Any]:
+    """The declared types of the arguments, along the same chain as `_signatures`."""
+    functions = [target]
+    if isinstance(target, type):
+        functions = [c.__init__ for c in target.__mro__ if "__init__" in vars(c)]
+        functions = functions[: len(_signatures(target))]
+    hints: dict[str, Any] = {}
+    for function in reversed(functions):  # a subclass's own declaration wins
+        try:
+            hints.update(typing.get_type_hints(function))
+        except Exception:  # hints that do not evaluate: judge none of these
+            continue
+    return hints
+
+
+def _matches(value: Any, hint: Any) -> bool:
+    """Whether `value` (plain, from YAML) has type `hint`; True where that cannot be told."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, UnionType):
+        return any(_matches(value, a) for a in args)
+    if origin is typing.Literal:
+        return value in args
+    if hint in (None, type(None)):
+        return value is None
+    if hint is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is torch.Tensor:  # `lr: float | Tensor`: from a config, a number
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if origin in (list, tuple, Sequence) or hint in (list, tuple, Sequence):
+        items = [a for a in args if a is not Ellipsis]
+        return isinstance(value, list | tuple) and all(
+            any(_matches(v, a) for a in items) for v in value if items
+        )
+    # A string, a path, a class...: any value may be meant for it, and its own code judges it.
+    return True
+
+
+def _type_name(hint: Any) -> str:
+    text = hint.__name__ if isinstance(hint, type) else str(hint)
+    return re.sub(r"\b(typing|collections\.abc)\.", "", text)
+
+
+# ------------------------------------------------------------------------------------------------
+# While building: a value the target refused
+
+
+def refusal(
+    error: BaseException, key: str, name: str, given: Mapping[str, Any]
+) -> UserError | None:
+    """The one line for `error`, raised by the target of the config at `key` refusing its
+    values; None if it is not a refusal (a bug keeps its traceback)."""
+    if isinstance(error, ImportError):  # `logger=wandb` without wandb installed
+        return UserError(f"{key} ({name}) needs a package that is missing: {_reason(error)}.")
+    if not isinstance(error, REFUSALS):
+        return None
+    overrides = _overrides_under(key)
+    suspect = _suspect(str(error), given, overrides)
+    if suspect is not None:
+        return UserError(
+            f"{key}.{suspect}={_show(given[suspect])} is refused by {name}: {_reason(error)}. "
+            f"Change {key}.{suspect}."
+        )
+    values = overrides or [f"{key}.{k}={_show(v)}" for k, v in given.items()]
+    return UserError(
+        f"{key} ({name}) refused its values: {_reason(error)}. Check the values under {key}"
+        f"{'; you set ' if overrides else ': '}{', '.join(values)}."
+    )
+
+
+def _suspect(message: str, given: Mapping[str, Any], overrides: list[str]) -> str | None:
+    """The one argument the message names, or whose value it quotes, if any; of several named,
+    the one set on the command line."""
+    named = [a for a in given if re.search(rf"\b{re.escape(a)}\b", message)]
+    if len(named) > 1:
+        named = [a for a in named if any(o.split("=")[0].endswith(f".{a}") for o in overrides)]
+    if len(named) == 1:
+        return named[0]
+    quoted = [
+        a
+        for a, v in given.items()
+        if isinstance(v, int | float | str)
+        and not isinstance(v, bool)
+        and str(v)
+        and re.search(rf"(?<![\w.]){re.escape(str(v))}(?![\w.])", message)
+    ]
+    return quoted[0] if len(quoted) == 1 else None
+
+
+def _overrides_under(key: str) -> list[str]:
+    """The command-line overrides of keys under `key` (`model.net.num_heads=3`)."""
+    if not HydraConfig.initialized():
+        return []
+    overrides = [o.lstrip("+") for o in HydraConfig.get().overrides.task if "=" in o]
+    return [o for o in overrides if o.startswith(f"{key}.")]
+
+
+def _given(node: DictConfig) -> dict[str, Any]:
+    """The arguments `node` gives as plain values (nested objects left out)."""
     values = OmegaConf.to_container(node, resolve=True)
-    return {
-        k: v
-        for k, v in values.items()
-        if k not in HYDRA_KEYS and k not in built and not _holds_objects(v)
-    }
+    return {k: v for k, v in values.items() if k not in HYDRA_KEYS and not _holds_objects(v)}
 
 
 def _holds_objects(value: Any) -> bool:
@@ -162,11 +347,17 @@ def _holds_objects(value: Any) -> bool:
     return isinstance(value, list) and any(_holds_objects(v) for v in value)
 
 
-def instantiate_group(group: DictConfig | None, key: str) -> list[Any]:
-    """Build every entry of `{name: {_target_: ...}}` (callbacks, loggers); null entries are off.
+def _show(value: Any) -> str:
+    """A value as it would be written on the command line."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list | tuple):
+        return f"[{', '.join(_show(v) for v in value)}]"
+    return str(value)
 
-    A user turns one entry off with `callbacks.early_stopping=null`.
-    """
-    if not group:
-        return []
-    return [build(entry, f"{key}.{name}") for name, entry in group.items() if entry is not None]
+
+def _reason(error: BaseException) -> str:
+    text = " ".join(str(error).split()) or type(error).__name__
+    return text.rstrip(".")
