@@ -18,9 +18,8 @@ Helpers: `train_py(*args, cwd=...)` runs `python train.py` as a user does, for w
 process itself (exit codes, signals, console output, several processes), and
 `start_train_py(*args, cwd=...)` starts it (to signal it, or to run several at once); with
 `module_dir=` a config can name a class the test wrote there, `ctrl_c=True` gives it Ctrl-C as
-in a terminal. `PYTHON` is the interpreter of such commands (`[*PYTHON, script, *args]`): a
-client of this process's zygote (tests/warm_python.py), which starts them with torch and
-Lightning already imported. `QUIET` turns off the progress bar and model summary;
+in a terminal. `PYTHON` is the interpreter of such commands (`[*PYTHON, script, *args]`).
+`QUIET` turns off the progress bar and model summary;
 `options(group)` lists the options of a config group; `ROOT` and `CONFIG_DIR` locate the repository.
 
 The suite runs in parallel (pytest-xdist; `-n` in pyproject.toml): a test uses only its own
@@ -31,11 +30,9 @@ repository, and may share a worker with any other test.
 import functools
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -44,7 +41,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import warm_python
 from filelock import FileLock
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
@@ -56,33 +52,18 @@ import kindling.train  # also registers the resolvers the configs use
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = ROOT / "configs"
 QUIET = ["callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null"]
-# The `python` of the tests' subprocesses; a zygote's client once pytest_configure started one.
+# The `python` of the tests' subprocesses.
 PYTHON: list[str] = [sys.executable]
-_zygote: list[tuple[subprocess.Popen, str]] = []  # the process and its folder
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """In an xdist worker, share the cores out: N workers each running torch on every core
-    would fight over them. Subprocesses (`python train.py`) inherit the setting. Then start
-    the zygote of this process's subprocesses (not in xdist's controller, which runs no test)."""
+    would fight over them. Subprocesses (`python train.py`) inherit the setting."""
     workers = getattr(config, "workerinput", {}).get("workercount")
     if workers:
         threads = max(1, len(os.sched_getaffinity(0)) // workers)
         torch.set_num_threads(threads)
         os.environ["OMP_NUM_THREADS"] = str(threads)
-    fresh = os.environ.get("KINDLING_TEST_FRESH_PYTHON") == "1"  # to compare, or to debug
-    if (workers or not config.getoption("numprocesses", None)) and not fresh:
-        folder = tempfile.mkdtemp(prefix="kindling-zygote-")
-        socket_path, process = warm_python.start_zygote(folder)
-        _zygote.append((process, folder))
-        PYTHON[:] = warm_python.python_command(socket_path)
-
-
-def pytest_unconfigure(config: pytest.Config) -> None:
-    for process, folder in _zygote:
-        process.kill()
-        process.wait()
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def importable(module_dir: Path | None) -> dict[str, str] | None:
