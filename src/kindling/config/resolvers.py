@@ -4,12 +4,26 @@ Each computes a value from its arguments; `run_stamp` and `sweep_dir` also claim
 name, once per process (cached, like Hydra's own `now`).
 """
 
+from typing import Any
+
 from omegaconf import OmegaConf
 
-from kindling.data.folder import class_count
-from kindling.data.prepared import prepared_value
 from kindling.hardware import best_precision
 from kindling.run import hydra_ddp, resumed, run_folder
+
+
+# The data sets' own resolvers: their modules load when a config of theirs is resolved.
+def class_count(path: str | None) -> int:
+    from kindling.data.folder import class_count
+
+    return class_count(path)
+
+
+def prepared_value(input_dir: str | None, key: str, storage_options: Any = None) -> int:
+    from kindling.data.prepared import prepared_value
+
+    return prepared_value(input_dir, key, storage_options)
+
 
 # Each run and multirun claims a folder of its own (configs/hydra/default.yaml,
 # kindling/run/run_folder.py); cached, like Hydra's own `now`, so a folder is claimed once.

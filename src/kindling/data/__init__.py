@@ -1,21 +1,13 @@
 """LightningDataModules: one file per family of data sets."""
 
-from kindling.data.digits import DigitsDataModule
-from kindling.data.image import ImageDataModule
-from kindling.data.image_folder import ImageFolderDataModule
-from kindling.data.text import CharTextDataModule
-from kindling.data.torchvision_datasets import (
-    CIFAR10DataModule,
-    FashionMNISTDataModule,
-    MNISTDataModule,
-)
+from kindling.lazy_exports import lazy_exports
 
-__all__ = [
-    "CIFAR10DataModule",
-    "CharTextDataModule",
-    "DigitsDataModule",
-    "FashionMNISTDataModule",
-    "ImageDataModule",
-    "ImageFolderDataModule",
-    "MNISTDataModule",
-]
+MODULES = {
+    "digits": ["DigitsDataModule"],
+    "image": ["ImageDataModule"],
+    "image_folder": ["ImageFolderDataModule"],
+    "text": ["CharTextDataModule"],
+    "torchvision_datasets": ["CIFAR10DataModule", "FashionMNISTDataModule", "MNISTDataModule"],
+}
+__all__ = sorted(name for names in MODULES.values() for name in names)
+__getattr__ = lazy_exports(__name__, MODULES)

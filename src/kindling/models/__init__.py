@@ -1,23 +1,14 @@
 """Plain `nn.Module`s: usable with or without Lightning."""
 
-from kindling.models.cnn import CNNClassifier
-from kindling.models.language_models import (
-    GRULanguageModel,
-    LSTMLanguageModel,
-    RNNLanguageModel,
-    TransformerLanguageModel,
-)
-from kindling.models.recurrent import GRUClassifier, LSTMClassifier, RNNClassifier
-from kindling.models.transformer import TransformerClassifier
+from kindling.lazy_exports import lazy_exports
 
-__all__ = [
-    "CNNClassifier",
-    "GRUClassifier",
-    "GRULanguageModel",
-    "LSTMClassifier",
-    "LSTMLanguageModel",
-    "RNNClassifier",
-    "RNNLanguageModel",
-    "TransformerClassifier",
-    "TransformerLanguageModel",
-]
+MODULES = {
+    "cnn": ["CNNClassifier"],
+    "language_models": [
+        "GRULanguageModel", "LSTMLanguageModel", "RNNLanguageModel", "TransformerLanguageModel",
+    ],
+    "recurrent": ["GRUClassifier", "LSTMClassifier", "RNNClassifier"],
+    "transformer": ["TransformerClassifier"],
+}  # fmt: skip
+__all__ = sorted(name for names in MODULES.values() for name in names)
+__getattr__ = lazy_exports(__name__, MODULES)
