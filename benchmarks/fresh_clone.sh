@@ -28,7 +28,8 @@ grep -Eo "test/acc[^0-9]*[0-9.]+" train.log | tail -1 >&2
 timed "2. install (pip install -e \".[dev]\")" bash -c 'python3 -m venv .venv && .venv/bin/pip install -q -e ".[dev]" >/dev/null'
 echo "environment on disk after command 2: $(du -sh .venv | cut -f1)" >&2
 status=0
-timed "2. python -m pytest" bash -c '.venv/bin/python -m pytest -q > pytest.log 2>&1' || status=$?
+timed "2. python -m pytest" bash -c '.venv/bin/python -m pytest -q -rfE > pytest.log 2>&1' || status=$?
+grep -E "^(FAILED|ERROR) " pytest.log >&2 || true
 tail -1 pytest.log >&2
 echo "pytest exit status: $status" >&2
 exit "$status"
