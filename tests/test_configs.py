@@ -255,3 +255,13 @@ def test_trainer_switches_turn_off_their_callbacks(compose_config, monkeypatch) 
     (trainer,) = [b for b in built if isinstance(b, L.Trainer)]
     assert not [c for c in trainer.callbacks if isinstance(c, ProgressBar | ModelSummary)]
     assert trainer.checkpoint_callback is None
+
+
+@pytest.mark.parametrize(("group", "option"), [
+    (group, option) for group in ("optimizer", "scheduler") for option in options(group)
+])  # fmt: skip
+def test_every_optimizer_and_scheduler_trains_a_step(compose_config, group, option) -> None:
+    """configs/optimizer/ and configs/scheduler/ serve every model as `<group>@model.<group>`."""
+    cfg = compose_config(f"{group}@model.{group}={option}", "debug=fdr", *QUIET)
+    assert OmegaConf.to_container(cfg.model[group])["_target_"]
+    run(cfg)
