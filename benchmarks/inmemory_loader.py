@@ -24,15 +24,15 @@ import torch
 from torch.utils.data import TensorDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from kindling.data.batched import TrainingOrder
 from kindling.data.in_memory import BatchIndexedTensors
+from kindling.data.loaders import ResumableDistributedSampler
 
 
 def loader(dataset, batch_size: int, workers: int) -> StatefulDataLoader:
     return StatefulDataLoader(
         dataset,
         batch_size=batch_size,
-        sampler=TrainingOrder(dataset, num_replicas=1, rank=0, seed=0),
+        sampler=ResumableDistributedSampler(dataset, num_replicas=1, rank=0, seed=0),
         num_workers=workers,
         persistent_workers=workers > 0,
         collate_fn=getattr(dataset, "collate", None),

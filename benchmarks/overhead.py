@@ -50,7 +50,7 @@ from meters import PER_STEP, make_meter
 from omegaconf import open_dict
 from torch.utils.data import DataLoader, TensorDataset
 
-from kindling.data.image import ImageDataModule, Split
+from kindling.data.image import InMemoryImageDataModule, Split
 from kindling.run import provenance
 from kindling.train import build_trainer  # also registers kindling's config resolvers
 
@@ -65,7 +65,7 @@ def synthetic_images(num: int, seed: int = 0) -> Split:
     return images, torch.randint(0, 10, (num,), generator=generator)
 
 
-class SyntheticDataModule(ImageDataModule):
+class SyntheticDataModule(InMemoryImageDataModule):
     """MNIST-sized random images: the DataLoader path kindling uses for MNIST."""
 
     def __init__(self, num_train: int, **kwargs):
@@ -108,7 +108,7 @@ class PlainLoop:
     """The loop everyone writes, on its own copy of the net (same initial weights)."""
 
     def __init__(
-        self, cfg, datamodule: ImageDataModule, batch_size: int, device: torch.device, meter
+        self, cfg, datamodule: InMemoryImageDataModule, batch_size: int, device: torch.device, meter
     ) -> None:
         L.seed_everything(0, workers=True)
         self.net = instantiate(cfg.model.net).to(device)

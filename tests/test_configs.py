@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 import kindling.train
 from kindling.config.errors import UserError
 from kindling.config.instantiate import build
-from kindling.data.batched import BatchedDataModule
+from kindling.data.loaders import SplitDataModule
 from kindling.data.prepared import FORMAT, METADATA_FILE
 from kindling.modules import Classifier
 from kindling.train import run
@@ -78,7 +78,7 @@ def test_model_and_data_build_from_config(
     cfg = compose_config(*with_data_path([f"model={model}", f"data={data}"], image_folder))
     datamodule = instantiate(cfg.data, _convert_="all")
     module = instantiate(cfg.model, _convert_="all")
-    assert isinstance(datamodule, BatchedDataModule)
+    assert isinstance(datamodule, SplitDataModule)
     assert isinstance(module, Classifier)
     # Shape and class count are typed once, in the data config.
     image_shape = list(cfg.data.image_shape)

@@ -23,10 +23,10 @@ from kindling.data import (
     CIFAR10DataModule,
     DigitsDataModule,
     FashionMNISTDataModule,
-    ImageDataModule,
+    InMemoryImageDataModule,
     MNISTDataModule,
 )
-from kindling.data.batched import per_device_batch_size
+from kindling.data.loaders import per_device_batch_size
 
 from conftest import CONFIG_DIR
 from torchvision_files import (
@@ -256,7 +256,7 @@ TORCHVISION_FILES = {
 }
 
 
-def make_torchvision(config: str, data_dir: Path, **overrides) -> ImageDataModule:
+def make_torchvision(config: str, data_dir: Path, **overrides) -> InMemoryImageDataModule:
     kwargs = {
         "data_dir": str(data_dir),
         "num_classes": 10,
@@ -283,7 +283,7 @@ def write_local(config: str, root: Path, monkeypatch: pytest.MonkeyPatch, **kwar
     return write_mnist(root, folder_name=folder_name, **kwargs)
 
 
-def assert_reads_back(dm: ImageDataModule, tiny: TinyDataset) -> None:
+def assert_reads_back(dm: InMemoryImageDataModule, tiny: TinyDataset) -> None:
     """The data module's splits hold exactly the pixels and labels that were written."""
     (train_images, train_labels), (test_images, test_labels) = dm.load_splits()
     assert torch.equal(train_images, as_float_images(tiny.train_images))
@@ -295,7 +295,7 @@ def assert_reads_back(dm: ImageDataModule, tiny: TinyDataset) -> None:
     assert float(train_images[1, -1, 2, 5]) == pytest.approx(expected)
 
 
-def assert_set_up(dm: ImageDataModule, tiny: TinyDataset, image_shape: list[int]) -> None:
+def assert_set_up(dm: InMemoryImageDataModule, tiny: TinyDataset, image_shape: list[int]) -> None:
     assert len(dm.data_train) + len(dm.data_val) == len(tiny.train_labels)
     assert len(dm.data_val) >= 1
     assert len(dm.data_test) == len(tiny.test_labels)

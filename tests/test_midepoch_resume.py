@@ -16,8 +16,8 @@ from PIL import Image
 
 import kindling.train
 from kindling.config.instantiate import instantiate_group
-from kindling.data.batched import TrainingOrder
 from kindling.data.device_loader import DeviceTensorLoader
+from kindling.data.loaders import ResumableDistributedSampler
 from kindling.train import run
 
 from conftest import QUIET
@@ -180,14 +180,14 @@ def test_a_step_checkpoint_resumes_mid_epoch(compose_config, tmp_path: Path, mon
 
 def test_training_order_resumes_its_own_epoch_only() -> None:
     data = list(range(20))
-    order = TrainingOrder(data, num_replicas=1, rank=0, seed=5)
+    order = ResumableDistributedSampler(data, num_replicas=1, rank=0, seed=5)
     order.set_epoch(2)
     epoch = list(order)
     served = iter(order)
     head = [next(served) for _ in range(7)]
     state = order.state_dict()
 
-    again = TrainingOrder(data, num_replicas=1, rank=0, seed=99)
+    again = ResumableDistributedSampler(data, num_replicas=1, rank=0, seed=99)
     again.load_state_dict(state)
     again.set_epoch(2)
     assert head + list(again) == epoch  # the rest of the epoch, in order, and its seed

@@ -26,9 +26,9 @@ from torch.utils.data import DataLoader, Dataset, default_collate
 
 from kindling.checkpoints import instantiate_stored, load_module
 from kindling.config.errors import UserError
-from kindling.data.batched import default_num_workers
 from kindling.data.folder import IMAGE_SUFFIXES, image_files
 from kindling.data.image_files import UnreadableImage, read_image
+from kindling.data.loaders import default_num_workers
 from kindling.data.normalize import to_model_input
 from kindling.garbage_collection import skip_collections_at_exit
 from kindling.hardware import best_precision

@@ -32,7 +32,7 @@ import kindling
 from kindling.config import resolvers  # noqa: F401 - importing registers the resolvers
 from kindling.config.errors import UserError, find_user_error
 from kindling.config.instantiate import build
-from kindling.data.batched import default_num_workers
+from kindling.data.loaders import default_num_workers
 from kindling.data.prepared import FORMAT, METADATA_FILE, SPLITS, is_remote
 from kindling.garbage_collection import skip_collections_at_exit
 

@@ -26,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from kindling.callbacks import (
     CheckpointOnInterrupt,
     ConfigInCheckpoint,
-    ContinueMetrics,
+    ContinueLoggedMetrics,
     ResumeExactly,
 )
 from kindling.checkpoints import is_url
@@ -34,7 +34,7 @@ from kindling.config import checks, resolvers  # noqa: F401 - importing register
 from kindling.config.config_tree import print_config_tree
 from kindling.config.errors import UserError, find_user_error
 from kindling.config.instantiate import build, check_arguments, instantiate_group
-from kindling.data.batched import per_device_batch_size
+from kindling.data.loaders import per_device_batch_size
 from kindling.known_warnings import ignore_unhelpful_warnings
 from kindling.run import hydra_ddp, provenance, resumed
 
@@ -117,7 +117,7 @@ def build_trainer(
         # Always on: what a checkpoint needs to be self-contained and resumable exactly.
         ConfigInCheckpoint(OmegaConf.to_container(cfg, resolve=True), run_provenance),
         ResumeExactly(),
-        ContinueMetrics(),
+        ContinueLoggedMetrics(),
         CheckpointOnInterrupt(),
         *extra_callbacks,
     ]

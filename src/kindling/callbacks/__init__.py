@@ -4,7 +4,7 @@ from kindling.lazy_exports import lazy_exports
 
 MODULES = {
     "config_in_checkpoint": ["ConfigInCheckpoint"],
-    "continue_metrics": ["ContinueMetrics"],
+    "continue_metrics": ["ContinueLoggedMetrics"],
     "device_report": ["DeviceReport"],
     "divergence": ["DivergenceError", "StopOnDivergence"],
     "interrupt": ["CheckpointOnInterrupt"],

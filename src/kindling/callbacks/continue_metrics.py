@@ -7,7 +7,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.trainer.states import TrainerFn
 
 
-class ContinueMetrics(Callback):
+class ContinueLoggedMetrics(Callback):
     """When training resumes from a checkpoint, tell each logger that continues a run's record
     (`continue_after`, e.g. `kindling.loggers.ResumableCSVLogger`) where the checkpoint was saved.
 

@@ -185,7 +185,7 @@ def _has_no(owner: Any, attribute: str) -> str:
 
 def _signatures(target: Callable[..., Any]) -> list[inspect.Signature]:
     """The target's signature; a class's `**kwargs` followed into its parents' `__init__`
-    (DigitsDataModule -> ImageDataModule)."""
+    (DigitsDataModule -> InMemoryImageDataModule)."""
     if not isinstance(target, type):
         return [inspect.signature(target)]
     found = []

@@ -4,7 +4,7 @@ from kindling.lazy_exports import lazy_exports
 
 MODULES = {
     "digits": ["DigitsDataModule"],
-    "image": ["ImageDataModule"],
+    "image": ["InMemoryImageDataModule"],
     "image_folder": ["ImageFolderDataModule"],
     "text": ["CharTextDataModule"],
     "torchvision_datasets": ["CIFAR10DataModule", "FashionMNISTDataModule", "MNISTDataModule"],

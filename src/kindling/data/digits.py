@@ -3,10 +3,10 @@
 import torch
 from sklearn.datasets import load_digits
 
-from kindling.data.image import ImageDataModule, Split
+from kindling.data.image import InMemoryImageDataModule, Split
 
 
-class DigitsDataModule(ImageDataModule):
+class DigitsDataModule(InMemoryImageDataModule):
     """1,797 grey 8x8 images of the digits 0-9 (UCI optdigits test set, bundled with scikit-learn).
 
     There is no official test split: a seeded `test_fraction` of the images is held out.

@@ -24,7 +24,7 @@ Samples = list[tuple[Path, int]]  # (file, class index)
 
 
 @dataclass
-class ImageFolder:
+class FolderSplits:
     """The classes (sorted folder names) and the samples of each split found on disk."""
 
     root: Path
@@ -90,12 +90,12 @@ def class_count(root: str | Path | None) -> int:
     return len(class_names(root))
 
 
-def read_image_folder(root: str | Path) -> ImageFolder:
+def read_image_folder(root: str | Path) -> FolderSplits:
     """Find the classes and the samples of every split on disk; refuse layouts that cannot train."""
     root = Path(root)
     classes = class_names(root)
     has_splits = (root / "train").is_dir()
-    folder = ImageFolder(root, classes)
+    folder = FolderSplits(root, classes)
     for split in SPLITS if has_splits else ("train",):
         split_dir = root / split if has_splits else root
         if not split_dir.is_dir():

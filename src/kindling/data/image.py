@@ -11,9 +11,9 @@ from torch.utils.data import DataLoader
 
 from kindling.config.errors import UserError
 from kindling.data.augment import BatchAugment, DeviceGenerator, Transform
-from kindling.data.batched import BatchedDataModule, per_device_batch_size
 from kindling.data.device_loader import DeviceTensorLoader
 from kindling.data.in_memory import BatchIndexedTensors
+from kindling.data.loaders import SplitDataModule, per_device_batch_size
 
 # data.on_device=auto: the share of the device's free memory the whole data set may take.
 ON_DEVICE_SHARE = 0.25
@@ -21,7 +21,7 @@ ON_DEVICE_SHARE = 0.25
 Split = tuple[torch.Tensor, torch.Tensor]  # images (N, C, H, W) float in [0, 1], labels (N,) int64
 
 
-class ImageDataModule(BatchedDataModule):
+class InMemoryImageDataModule(SplitDataModule):
     """Images held in memory as tensors, standardised per channel with training-set statistics.
 
     Subclasses implement `load_splits`, returning the train and test splits; this class carves

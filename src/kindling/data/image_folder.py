@@ -10,10 +10,10 @@ from torch.utils.data import DataLoader
 
 from kindling.config.errors import UserError
 from kindling.data.augment import Transform, worker_transform
-from kindling.data.batched import BatchedDataModule, per_device_batch_size
 from kindling.data.folder import Samples, carve, read_image_folder
 from kindling.data.gpu_decode import EncodedImageFiles, check_decode_device, decode_batch
 from kindling.data.image_files import ImageFiles, readable
+from kindling.data.loaders import SplitDataModule, per_device_batch_size
 from kindling.data.normalize import cached_statistics, channel_statistics, to_model_input
 
 log = logging.getLogger(__name__)
@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 STATISTICS_FILE = ".kindling_statistics.json"  # beside the data, in data.path
 
 
-class ImageFolderDataModule(BatchedDataModule):
+class ImageFolderDataModule(SplitDataModule):
     """Image files in torchvision's ImageFolder layout, for classification.
 
     `<path>/<class>/<files>`, or `<path>/train/<class>/<files>` with optional `val/` and `test/`

@@ -12,7 +12,7 @@ from litdata import StreamingDataLoader, StreamingDataset
 
 from kindling.config.errors import UserError
 from kindling.data.augment import Transform, worker_transform
-from kindling.data.batched import BatchedDataModule, per_device_batch_size
+from kindling.data.loaders import SplitDataModule, per_device_batch_size
 from kindling.data.normalize import to_model_input
 from kindling.data.prepared import read_metadata, split_location
 
@@ -46,7 +46,7 @@ class StreamingImages(StreamingDataset):
         return image, sample["label"]
 
 
-class StreamingDataModule(BatchedDataModule):
+class StreamingDataModule(SplitDataModule):
     """The splits `python -m kindling.prepare` wrote, streamed with LitData.
 
     Every process of a multi-device run reads its own part of each epoch, all the same number

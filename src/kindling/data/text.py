@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from kindling.config.errors import UserError
-from kindling.data.batched import BatchedDataModule, per_device_batch_size
+from kindling.data.loaders import SplitDataModule, per_device_batch_size
 from kindling.files import write_atomically
 
 # Public-domain corpora that `data.download=<name>` fetches from their canonical address.
@@ -195,7 +195,7 @@ def fetch(url: str, destination: Path) -> None:
         ) from error
 
 
-class CharTextDataModule(BatchedDataModule):
+class CharTextDataModule(SplitDataModule):
     """A character-level language-modelling corpus, split by position into train | val | test.
 
     Every split serves windows of `context_length` characters, each with the window shifted by

@@ -7,10 +7,10 @@ import torch
 from torchvision import datasets
 
 from kindling.config.errors import UserError
-from kindling.data.image import ImageDataModule, Split
+from kindling.data.image import InMemoryImageDataModule, Split
 
 
-class TorchvisionDataModule(ImageDataModule):
+class TorchvisionDataModule(InMemoryImageDataModule):
     """A torchvision data set under `data_dir`, downloaded in `prepare_data` when `download` is on.
 
     Subclasses name the torchvision class and where its files live.

@@ -39,7 +39,7 @@ def default_num_workers(processes_per_node: int) -> int:
     return max(1, cpus // max(1, processes_per_node))
 
 
-class TrainingOrder(DistributedSampler):
+class ResumableDistributedSampler(DistributedSampler):
     """The order of training samples: `DistributedSampler`'s permutation of the epoch (Lightning
     calls `set_epoch`), this process's share of it, and where the epoch stands.
 
@@ -72,7 +72,7 @@ class TrainingOrder(DistributedSampler):
         self._resume_at = (state["epoch"], state["served"])
 
 
-class BatchedDataModule(L.LightningDataModule):
+class SplitDataModule(L.LightningDataModule):
     """Serves `data_train`, `data_val` and `data_test` (set by a subclass's `setup`).
 
     Needs the hyperparameters `batch_size` (global: divided over the processes of a run),
@@ -130,7 +130,7 @@ class BatchedDataModule(L.LightningDataModule):
             # Lightning keeps a DistributedSampler it is given (and calls its set_epoch). Shifted:
             # seed 1's second epoch is not seed 2's first (the sampler adds the epoch).
             seed = self.shuffle_seed << 20
-            sampler, shuffle = TrainingOrder(dataset, world_size, rank, seed), False
+            sampler, shuffle = ResumableDistributedSampler(dataset, world_size, rank, seed), False
             # Worker seeds come from the loader's own generator, not torch's global one: a
             # resumed run's dropout draws do not depend on when its loaders were made.
             generator = torch.Generator().manual_seed(sampler.seed)
