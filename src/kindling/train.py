@@ -23,12 +23,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zer
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
-from kindling.callbacks import (
-    CheckpointOnInterrupt,
-    ConfigInCheckpoint,
-    ContinueLoggedMetrics,
-    ResumeExactly,
-)
+from kindling.callbacks import CheckpointOnInterrupt, ConfigInCheckpoint
 from kindling.checkpoints import is_url
 from kindling.config import checks, resolvers  # noqa: F401 - importing registers the resolvers
 from kindling.config.config_tree import print_config_tree
@@ -109,18 +104,16 @@ def train_and_test(cfg: DictConfig) -> float | None:
 def build_trainer(
     cfg: DictConfig, run_provenance: dict, extra_callbacks: Sequence[Callback] = ()
 ) -> L.Trainer:
-    """The Trainer of `cfg.trainer` with the configured loggers and callbacks, and the callbacks
-    every run has. (The benchmarks build theirs here too, with a meter in `extra_callbacks`.)"""
+    """The Trainer of `cfg.trainer` with the configured loggers and callbacks. (The benchmarks
+    build theirs here too, with a meter in `extra_callbacks`.)"""
     loggers = instantiate_group(cfg.get("logger"), "logger")
-    callbacks = [
-        *instantiate_group(cfg.get("callbacks"), "callbacks"),
-        # Always on: what a checkpoint needs to be self-contained and resumable exactly.
-        ConfigInCheckpoint(OmegaConf.to_container(cfg, resolve=True), run_provenance),
-        ResumeExactly(),
-        ContinueLoggedMetrics(),
-        CheckpointOnInterrupt(),
-        *extra_callbacks,
-    ]
+    callbacks = [*instantiate_group(cfg.get("callbacks"), "callbacks"), *extra_callbacks]
+    for callback in callbacks:
+        if isinstance(callback, ConfigInCheckpoint):  # the run's record: no YAML value holds it
+            callback.config = OmegaConf.to_container(cfg, resolve=True)
+            callback.provenance = run_provenance
+    # Last: it holds back a SIGTERM that arrived during any other callback's validation hooks.
+    callbacks.sort(key=lambda callback: isinstance(callback, CheckpointOnInterrupt))
     callbacks = _callbacks_the_trainer_runs(callbacks, cfg.trainer, has_logger=bool(loggers))
     return build(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False)
 

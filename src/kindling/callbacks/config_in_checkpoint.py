@@ -12,13 +12,16 @@ class ConfigInCheckpoint(Callback):
     diff, versions: `kindling.run.provenance`) as `checkpoint["provenance"]`: plain containers,
     which `weights_only` loads."""
 
-    def __init__(self, config: dict[str, Any], provenance: dict[str, Any] | None = None):
+    def __init__(
+        self, config: dict[str, Any] | None = None, provenance: dict[str, Any] | None = None
+    ):
         self.config = config
         self.provenance = provenance
 
     def on_save_checkpoint(
         self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
-        checkpoint["config"] = self.config
+        if self.config is not None:
+            checkpoint["config"] = self.config
         if self.provenance is not None:
             checkpoint["provenance"] = self.provenance
