@@ -16,12 +16,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from PIL import Image
 from sklearn.datasets import load_digits
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from kindling.checkpoints import instantiate_stored, load_module
 from kindling.data.streaming import StreamingDataModule
 from kindling.prepare import prepare
 from kindling.train import run
@@ -137,10 +139,30 @@ def test_streamed_batches_mix_the_classes_as_a_random_draw_does(
     assert max(largest) < 24, largest
 
 
+def plain_loop(checkpoint: Path) -> dict[str, float]:
+    """test/loss and test/acc of a checkpoint by a plain loop over its test split."""
+    module, stored = load_module(checkpoint)
+    data = instantiate_stored(stored["config"]["data"], checkpoint)
+    data.load_state_dict(stored[type(data).__name__])  # the training set's statistics
+    data.setup("test")
+    loss, correct, count = 0.0, 0, 0
+    with torch.no_grad():
+        for batch in data.test_dataloader():
+            images, labels = data.on_after_batch_transfer(batch, 0)
+            logits = module(images)
+            loss += F.cross_entropy(logits, labels, reduction="sum").item()
+            correct += (logits.argmax(dim=1) == labels).sum().item()
+            count += len(labels)
+    return {"test/loss": loss / count, "test/acc": correct / count}
+
+
 def test_the_test_loss_is_the_same_on_one_and_two_processes(trained_run, tmp_path: Path) -> None:
     """The loss is a mean over samples: how the split is cut into batches and processes does
-    not change it (a mean of batch means would)."""
+    not change it (a mean of batch means would), and it is what a plain loop computes."""
     one = metrics(trained_run.run_dir)
+    plain = plain_loop(trained_run.best_checkpoint)
+    assert one["test/acc"] == pytest.approx(plain["test/acc"], abs=1e-6)
+    assert one["test/loss"] == pytest.approx(plain["test/loss"], abs=1e-5)
     result = train_py(
         "train=false", f"ckpt_path={trained_run.best_checkpoint}", "trainer.accelerator=cpu",
         "trainer.devices=2", "data.batch_size=48", *QUIET, cwd=tmp_path,
