@@ -6,18 +6,22 @@ versions kindling was tested with, instead of silently doing nothing:
 
 - DDP under a Hydra multirun: `kindling.run.hydra_ddp.install` replaces the command that
   starts ranks 1..N-1, `_hydra_subprocess_cmd(local_rank)` of the Trainer's and Fabric's
-  subprocess launchers. Lightning's own re-runs the whole sweep in every rank
-  (Lightning-AI/pytorch-lightning#11300, #15689). Tested: tests/test_distributed.py.
+  subprocess launchers. Lightning's own starts every rank as a run of its own folder, or the
+  whole sweep again (Lightning-AI/pytorch-lightning#11300 and #15689, open fix #18175;
+  facebookresearch/hydra#2070). Tested: tests/test_distributed.py.
 - Mid-epoch resume: `kindling.callbacks.ResumeExactly` gives a resumed run's training loader the
   checkpoint's state and a new iterator, through `_FitLoop._combined_loader`/`_data_fetcher` and
-  `CombinedLoader._load_state_dicts`: Lightning restores a loader's state only when the loader
-  is made after the loops are restored (#19427). Tested: tests/test_midepoch_resume.py.
+  `CombinedLoader._load_state_dicts`: Lightning drops the loader state when the loader was made
+  before the loops were restored, as a schedule reading `estimated_stepping_batches` makes it
+  (Lightning-AI/pytorch-lightning#20550, open fixes #21765, #21770). Tested:
+  tests/test_midepoch_resume.py.
 - Epochs of the on-device loader: `kindling.data.device_loader.DeviceTensorLoader` has the fit
   loop call its sampler's `set_epoch`, through `lightning.fabric.utilities.data._set_sampler_epoch`
-  (only DataLoaders get it publicly), so each epoch shuffles anew. Tested: tests/test_fast_path.py.
+  (only DataLoaders get it publicly), so each epoch shuffles anew. Tested: tests/test_data.py
+  (test_device_loader_shards_shuffles_and_follows_the_epoch).
 - SIGTERM during validation: `kindling.callbacks.CheckpointOnInterrupt` holds the flag the loops
-  stop on, `_SignalConnector.received_sigterm`, until validation ends. Tested:
-  tests/test_reliability.py.
+  stop on, `_SignalConnector.received_sigterm`, until validation ends, so a resumed run never
+  skips that epoch's validation. Tested: tests/test_reliability.py.
 - MFU on devices Lightning's table does not know: `kindling.callbacks.ThroughputWithMFU` sets
   `ThroughputMonitor._throughputs[...].available_flops` (callbacks=throughput only).
 """
