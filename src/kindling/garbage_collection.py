@@ -3,9 +3,9 @@
 Importing torch, Lightning, torchmetrics and Hydra creates about half a million objects that
 live as long as the process, and nearly none of them is garbage. Python's collector still
 traverses all of them in every full collection, during the imports, during the run and at
-interpreter shutdown: on a 2-core CPU a default run spent about 1 s in full collections and
-1.6 s shutting down (`benchmarks/collector.py`, BENCHMARKS.md). Exempting these objects from
-collection (`gc.freeze`) costs nothing else: they are still freed when nothing refers to them.
+interpreter shutdown: seconds of a short run (`benchmarks/collector.py`, BENCHMARKS.md).
+Exempting these objects from collection (`gc.freeze`) costs nothing else: they are still freed
+when nothing refers to them.
 
 Only entrypoints (`train.py`, `python -m kindling.predict`, ...) use this; a process that runs
 kindling in-process (a notebook, pytest) keeps Python's defaults.

@@ -131,7 +131,7 @@ class StreamingDataModule(SplitDataModule):
                 max_cache_size=hp.max_cache_size,
                 storage_options=storage,
                 # Per item: with shuffling, LitData's windowed decoding of small samples decodes
-                # whole windows again and again (ten times slower on 8x8 images).
+                # whole windows again and again.
                 batch_decode=0,
                 **kwargs,
             )

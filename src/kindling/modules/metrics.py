@@ -3,8 +3,7 @@
 Steps only call `update()`. The metric objects are logged once, from the epoch-end hooks:
 Lightning then computes them (reduced across processes by torchmetrics), logs and resets them.
 Logging a metric object costs Lightning a `Metric.to(device)` per call: logging two of them in
-every step cost 1.3 ms per step on a 2-core CPU (`benchmarks/step_floor.py`), more than the
-whole step of a small model.
+every step costs more than the whole step of a small model (`benchmarks/step_floor.py`).
 """
 
 from collections.abc import Mapping
