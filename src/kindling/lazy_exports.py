@@ -9,9 +9,11 @@ from collections.abc import Callable
 from typing import Any
 
 
-def lazy_exports(package: str, modules: dict[str, list[str]]) -> Callable[[str], Any]:
-    """The `__getattr__` of `package`, whose names live in its `modules` (`{"digits":
-    ["DigitsDataModule"], ...}`)."""
+def lazy_exports(
+    package: str, modules: dict[str, list[str]]
+) -> tuple[Callable[[str], Any], list[str]]:
+    """The `__getattr__` and `__all__` of `package`, whose names live in its `modules`
+    (`{"digits": ["DigitsDataModule"], ...}`)."""
     homes = {name: module for module, names in modules.items() for name in names}
 
     def __getattr__(name: str) -> Any:
@@ -19,4 +21,4 @@ def lazy_exports(package: str, modules: dict[str, list[str]]) -> Callable[[str],
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         return getattr(importlib.import_module(f"{package}.{homes[name]}"), name)
 
-    return __getattr__
+    return __getattr__, sorted(homes)

@@ -12,5 +12,4 @@ MODULES = {
     "plots": ["RunPlots"],
     "resume": ["ResumeExactly"],
 }
-__all__ = sorted(name for names in MODULES.values() for name in names)
-__getattr__ = lazy_exports(__name__, MODULES)
+__getattr__, __all__ = lazy_exports(__name__, MODULES)

@@ -9,5 +9,4 @@ MODULES = {
     "text": ["CharTextDataModule"],
     "torchvision_datasets": ["CIFAR10DataModule", "FashionMNISTDataModule", "MNISTDataModule"],
 }
-__all__ = sorted(name for names in MODULES.values() for name in names)
-__getattr__ = lazy_exports(__name__, MODULES)
+__getattr__, __all__ = lazy_exports(__name__, MODULES)

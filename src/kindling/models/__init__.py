@@ -10,5 +10,4 @@ MODULES = {
     "recurrent": ["GRUClassifier", "LSTMClassifier", "RNNClassifier"],
     "transformer": ["TransformerClassifier"],
 }  # fmt: skip
-__all__ = sorted(name for names in MODULES.values() for name in names)
-__getattr__ = lazy_exports(__name__, MODULES)
+__getattr__, __all__ = lazy_exports(__name__, MODULES)
