@@ -11,6 +11,7 @@ One mechanism words every config mistake as one line naming its key:
 Everything else (a bug in a constructor, anything raised in `forward`) keeps its traceback.
 """
 
+import contextlib
 import difflib
 import functools
 import importlib
@@ -19,6 +20,7 @@ import pkgutil
 import re
 import typing
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from types import UnionType
 from typing import Any
 
@@ -45,11 +47,15 @@ def build(node: DictConfig, key: str, **kwargs: Any) -> Any:
     `_convert_="all"`: objects get plain lists and dicts, never OmegaConf containers, so what
     they save into checkpoints loads with `torch.load(weights_only=True)`.
     """
-    check_arguments(node, key, provided=kwargs)
+    check_arguments(node, key, provided=kwargs)  # and every object nested in it
+    return _build_checked(node, key, kwargs)
+
+
+def _build_checked(node: DictConfig, key: str, kwargs: dict[str, Any]) -> Any:
     if node.get("_recursive_", True):
         for name, child in node.items():
             if name not in kwargs and isinstance(child, DictConfig) and "_target_" in child:
-                kwargs[name] = build(child, f"{key}.{name}")
+                kwargs[name] = _build_checked(child, f"{key}.{name}", {})
     try:
         built = instantiate(node, _convert_="all", **kwargs)
     except InstantiationException as error:
@@ -120,24 +126,31 @@ def check_arguments(node: Any, key: str, provided: Mapping[str, Any] = {}) -> No
         return
     target = locate(node._target_, key)
     name = node._target_
-    parameters, takes_any = _parameters(target)
+    try:
+        arguments = _arguments(target)
+    except (TypeError, ValueError):  # no signature to read (some builtins): judge nothing
+        arguments = None
     given = _given(node)
-    for argument, value in given.items():
-        if argument not in parameters and not takes_any:
-            raise UserError(
-                f"{key}.{argument}={_show(value)}: {name} takes no argument {argument!r} (it "
-                f"takes {', '.join(parameters)}). Remove {key}.{argument} or correct its name."
-            )
-        hint = _type_hints(target).get(argument)
-        if hint is not None and not _matches(value, hint):
-            raise UserError(
-                f"{key}.{argument}={_show(value)} has the wrong type: {name} takes "
-                f"{argument}: {_type_name(hint)}. Change {key}.{argument}."
-            )
-    if not node.get("_partial_", False):
-        for argument in _required(target):
-            if argument not in given and argument not in node and argument not in provided:
-                raise UserError(f"{key}: {name} needs {argument}. Add +{key}.{argument}=<value>.")
+    if arguments is not None:
+        for argument, value in given.items():
+            if argument not in arguments.names and not arguments.takes_any:
+                raise UserError(
+                    f"{key}.{argument}={_show(value)}: {name} takes no argument {argument!r} (it "
+                    f"takes {', '.join(arguments.names)}). Remove {key}.{argument} or correct "
+                    "its name."
+                )
+            hint = arguments.hints.get(argument)
+            if hint is not None and not _matches(value, hint):
+                raise UserError(
+                    f"{key}.{argument}={_show(value)} has the wrong type: {name} takes "
+                    f"{argument}: {_type_name(hint)}. Change {key}.{argument}."
+                )
+        if not node.get("_partial_", False):
+            for argument in arguments.required:
+                if argument not in given and argument not in node and argument not in provided:
+                    raise UserError(
+                        f"{key}: {name} needs {argument}. Add +{key}.{argument}=<value>."
+                    )
     if node.get("_recursive_", True):
         for argument, child in node.items():
             if argument not in HYDRA_KEYS and argument not in provided:
@@ -183,70 +196,41 @@ def _has_no(owner: Any, attribute: str) -> str:
     return f"{text} (did you mean {' or '.join(close)}?)" if close else text
 
 
-def _signatures(target: Callable[..., Any]) -> list[inspect.Signature]:
+@dataclass
+class Arguments:
+    """What a target's signature says: the named arguments it takes, whether `**kwargs` takes
+    any other, the ones it needs, and their declared types."""
+
+    names: list[str]
+    takes_any: bool
+    required: list[str]
+    hints: dict[str, Any]
+
+
+def _arguments(target: Callable[..., Any]) -> Arguments:
     """The target's signature; a class's `**kwargs` followed into its parents' `__init__`
     (DigitsDataModule -> InMemoryImageDataModule)."""
-    if not isinstance(target, type):
-        return [inspect.signature(target)]
-    found = []
-    for cls in target.__mro__:
-        if "__init__" in vars(cls):
-            signature = inspect.signature(cls.__init__)
-            found.append(signature)
-            if not any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values()):
-                break
-    return found
-
-
-def _parameters(target: Callable[..., Any]) -> tuple[list[str], bool]:
-    """The named arguments `target` takes, and whether it takes any name (`**kwargs` at the end
-    of the chain)."""
-    names: list[str] = []
-    takes_any = False
-    try:
-        signatures = _signatures(target)
-    except (TypeError, ValueError):  # no signature to read (some builtins): judge nothing
-        return names, True
-    for signature in signatures:
-        kinds = {p.kind for p in signature.parameters.values()}
-        takes_any = inspect.Parameter.VAR_KEYWORD in kinds
-        names += [
-            p.name
-            for p in signature.parameters.values()
-            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-            and p.name not in names
-            and p.name != "self"
-        ]
-    return names, takes_any
-
-
-def _required(target: Callable[..., Any]) -> list[str]:
-    try:
-        (signature, *_) = _signatures(target)
-    except (TypeError, ValueError):
-        return []
-    return [
-        p.name
-        for p in signature.parameters.values()
-        if p.default is p.empty
-        and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-        and p.name != "self"
-    ]
-
-
-def _type_hints(target: Callable[..., Any]) -> dict[str, Any]:
-    """The declared types of the arguments, along the same chain as `_signatures`."""
     functions = [target]
     if isinstance(target, type):
         functions = [c.__init__ for c in target.__mro__ if "__init__" in vars(c)]
-        functions = functions[: len(_signatures(target))]
+    names: list[str] = []
     hints: dict[str, Any] = {}
-    for function in reversed(functions):  # a subclass's own declaration wins
-        try:
-            hints.update(typing.get_type_hints(function))
-        except Exception:  # hints that do not evaluate: judge none of these
-            continue
-    return hints
+    required: list[str] | None = None
+    for function in functions:
+        parameters = list(inspect.signature(function).parameters.values())
+        named = [
+            p for p in parameters
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self"
+        ]  # fmt: skip
+        if required is None:  # the target's own signature says what it needs
+            required = [p.name for p in named if p.default is p.empty]
+        names += [p.name for p in named if p.name not in names]
+        with contextlib.suppress(Exception):  # hints that do not evaluate: judge none of these
+            hints = {**typing.get_type_hints(function), **hints}  # a subclass's own wins
+        takes_any = any(p.kind is p.VAR_KEYWORD for p in parameters)
+        if not takes_any:
+            break
+    return Arguments(names, takes_any, required or [], hints)
 
 
 def _matches(value: Any, hint: Any) -> bool:
