@@ -20,7 +20,8 @@ process itself (exit codes, signals, console output, several processes), and
 `module_dir=` a config can name a class the test wrote there, `ctrl_c=True` gives it Ctrl-C as
 in a terminal. `PYTHON` is the interpreter of such commands (`[*PYTHON, script, *args]`).
 `QUIET` turns off the progress bar and model summary;
-`options(group)` lists the options of a config group; `ROOT` and `CONFIG_DIR` locate the repository.
+`options(group)` lists the options of a config group; `prepare_cfg(*overrides)` composes
+`python -m kindling.prepare`'s config; `ROOT` and `CONFIG_DIR` locate the repository.
 
 The suite runs in parallel (pytest-xdist; `-n` in pyproject.toml): a test uses only its own
 tmp_path (or a session fixture like `trained_run`), never a fixed port or a file in the
@@ -103,6 +104,13 @@ def start_train_py(
 
 def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def prepare_cfg(*overrides: str) -> DictConfig:
+    """The config of `python -m kindling.prepare <overrides>`."""
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return compose(config_name="prepare", overrides=list(overrides))
 
 
 def compose_in(folder: Path, *overrides: str) -> DictConfig:

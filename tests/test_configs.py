@@ -22,7 +22,7 @@ from kindling.data.prepared import FORMAT, METADATA_FILE
 from kindling.modules import Classifier
 from kindling.train import run
 
-from conftest import QUIET, options
+from conftest import CONFIG_DIR, QUIET, options
 
 GROUPS = ["data", "augment", "model", "trainer", "callbacks", "logger", "experiment", "debug"]
 
@@ -263,5 +263,6 @@ def test_trainer_switches_turn_off_their_callbacks(compose_config, monkeypatch) 
 def test_every_optimizer_and_scheduler_trains_a_step(compose_config, group, option) -> None:
     """configs/optimizer/ and configs/scheduler/ serve every model as `<group>@model.<group>`."""
     cfg = compose_config(f"{group}@model.{group}={option}", "debug=fdr", *QUIET)
-    assert OmegaConf.to_container(cfg.model[group])["_target_"]
+    chosen = OmegaConf.load(CONFIG_DIR / group / f"{option}.yaml")
+    assert cfg.model[group]._target_ == chosen._target_
     run(cfg)

@@ -17,8 +17,6 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 from PIL import Image
 from sklearn.datasets import load_digits
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -28,7 +26,7 @@ from kindling.data.streaming import StreamingDataModule
 from kindling.prepare import prepare
 from kindling.train import run
 
-from conftest import CONFIG_DIR, QUIET, ROOT, importable, train_py
+from conftest import QUIET, ROOT, importable, prepare_cfg, train_py
 
 FOLDER = ["data=image_folder", "data.image_size=8", "data.channels=1"]
 # The same settings for every data path: no augmentation (flips do not suit digits).
@@ -41,13 +39,6 @@ LEARNS = {"test/acc": 0.96, "test/loss": 0.15}
 def assert_learned(results: dict[str, float]) -> None:
     assert results["test/acc"] >= LEARNS["test/acc"], results
     assert results["test/loss"] <= LEARNS["test/loss"], results
-
-
-def prepare_cfg(*overrides: str):
-    """The config of `python -m kindling.prepare <overrides>`."""
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        return compose(config_name="prepare", overrides=list(overrides))
 
 
 def metrics(run_dir: Path) -> dict[str, float]:

@@ -13,8 +13,6 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 from lightning.pytorch.callbacks import Callback
 from omegaconf import open_dict
 from PIL import Image
@@ -27,7 +25,7 @@ from kindling.data.streaming import StreamingDataModule
 from kindling.prepare import prepare
 from kindling.train import run
 
-from conftest import CONFIG_DIR, PYTHON, QUIET, ROOT
+from conftest import PYTHON, QUIET, ROOT, prepare_cfg
 
 IMAGES = 96  # image i is grey, every pixel STEP * i: a batch says which samples it holds
 STEP = 2
@@ -41,12 +39,6 @@ def write_images(root: Path) -> Path:
         folder.mkdir(parents=True, exist_ok=True)
         Image.fromarray(np.full((8, 8), STEP * i, dtype=np.uint8)).save(folder / f"{i:02d}.png")
     return root
-
-
-def prepare_cfg(*overrides: str):
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        return compose(config_name="prepare", overrides=list(overrides))
 
 
 def prepare_folder(images: Path, output: Path) -> Path:
