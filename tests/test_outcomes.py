@@ -28,12 +28,15 @@ from kindling.train import run
 
 from conftest import QUIET, ROOT, importable, prepare_cfg, train_py
 
-FOLDER = ["data=image_folder", "data.image_size=8", "data.channels=1"]
+# A test split of 30% (about 540 images): accuracy measured on it moves by about a point between
+# runs (a streamed epoch's order depends on which worker is first), not by five.
+FOLDER = ["data=image_folder", "data.image_size=8", "data.channels=1", "data.test_fraction=0.3"]
 # The same settings for every data path: no augmentation (flips do not suit digits).
 SETTINGS = ["augment=none", "trainer.max_epochs=6", "callbacks.early_stopping=null", *QUIET]
-# A CNN on 8x8 digits tests at 0.98-0.99 (loss 0.06) after 6 epochs; a copy streamed in its
-# source's order (batches of one or two classes) tests at 0.94 (loss 0.4).
-LEARNS = {"test/acc": 0.96, "test/loss": 0.15}
+# A CNN on 8x8 digits tests at 0.975-0.995 with a loss of 0.05-0.09 after 6 epochs, whichever
+# the path; a copy streamed in its source's order (batches of one or two classes) at 0.90-0.98
+# with a loss of 0.26-0.40: the loss is what tells them apart.
+LEARNS = {"test/acc": 0.96, "test/loss": 0.18}
 
 
 def assert_learned(results: dict[str, float]) -> None:
@@ -76,7 +79,7 @@ def digit_copy(digit_files: Path) -> Path:
 
 
 DATA_PATHS = {
-    "in memory": lambda files, copy: ["data=digits"],
+    "in memory": lambda files, copy: ["data=digits", "data.test_fraction=0.3"],
     "image folder": lambda files, copy: [*FOLDER, f"data.path={files}"],
     "streamed copy": lambda files, copy: ["data=streaming", f"data.input_dir={copy}"],
 }
