@@ -125,7 +125,7 @@ def main() -> None:
         for seed in args.seeds:
             for option in args.options:
                 overrides = [
-                    *data, f"augment={option}", f"data.val_fraction={args.val_fraction}",
+                    *data, f"data/augment={option}", f"data.val_fraction={args.val_fraction}",
                     f"data.batch_size={args.batch_size}",
                     f"seed={seed}", "trainer=cpu", f"trainer.max_epochs={args.epochs}",
                     f"trainer.check_val_every_n_epoch={args.val_every}",
@@ -147,7 +147,7 @@ def main() -> None:
     for option, values in accuracies.items():
         mean = statistics.mean(values)
         summary[option] = {"test_acc": values, "mean": mean}
-        print(f"augment={option:<10} mean test/acc {mean:.4f}  (runs: "
+        print(f"data/augment={option:<10} mean test/acc {mean:.4f}  (runs: "
               + ", ".join(f"{v:.4f}" for v in values) + ")")  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     result = {"args": {k: str(v) for k, v in vars(args).items()}, "results": summary}

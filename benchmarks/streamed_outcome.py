@@ -8,8 +8,8 @@ prepares it with `python -m kindling.prepare data=image_folder data.channels=1
 data.image_size=28`, then per seed trains the default CNN on both:
 
     python train.py data=image_folder data.path=<root> data.channels=1 data.image_size=28 \
-        augment=none
-    python train.py data=streaming data.input_dir=<copy> augment=none
+        data/augment=none
+    python train.py data=streaming data.input_dir=<copy> data/augment=none
 
 and prints test/acc of each (the same held-out images: the copy stores the folder's splits).
 Then the class mix of the copy's training batches (batch 64, 2 workers, as a run reads them):
@@ -81,7 +81,7 @@ def main() -> None:
         for seed in args.seeds:
             for side, data in sides.items():
                 overrides = [
-                    *data, "augment=none", f"seed={seed}", "trainer=cpu",
+                    *data, "data/augment=none", f"seed={seed}", "trainer=cpu",
                     f"trainer.max_epochs={args.epochs}", "callbacks.rich_progress_bar=null",
                     "callbacks.rich_model_summary=null", "callbacks.plots=null", "logger=csv",
                 ]  # fmt: skip

@@ -120,20 +120,20 @@ def test_each_data_set_has_a_fitting_default(compose_config) -> None:
     assert not compose_config("data=digits").data.augment
     assert compose_config("data=cifar10").data.augment.crop.padding == 4
     assert compose_config("data=mnist").data.augment.crop.padding == 3
-    assert compose_config("data=digits", "augment=crop").data.augment.crop.padding == 1
-    assert not compose_config("augment=none").data.augment
+    assert compose_config("data=digits", "data/augment=crop").data.augment.crop.padding == 1
+    assert not compose_config("data/augment=none").data.augment
     assert "augment" not in compose_config("experiment=charlm").data
 
 
 @pytest.mark.parametrize("option", ["none", "crop", "flip_crop"])
 def test_options_build_for_in_memory_sets(compose_config, option: str) -> None:
-    cfg = compose_config("data=digits", f"augment={option}")
+    cfg = compose_config("data=digits", f"data/augment={option}")
     dm = instantiate(cfg.data, _convert_="all")
     assert len(dm.batch_augment.transforms) == {"none": 0, "crop": 1, "flip_crop": 2}[option]
 
 
 def test_trivial_augment_on_digits_is_a_user_error(compose_config) -> None:
-    cfg = compose_config("data=digits", "augment=trivial_augment")
+    cfg = compose_config("data=digits", "data/augment=trivial_augment")
     with pytest.raises(Exception) as error:
         instantiate(cfg.data, _convert_="all")
     assert "runs on image folders only" in str(error.value)
@@ -142,7 +142,7 @@ def test_trivial_augment_on_digits_is_a_user_error(compose_config) -> None:
 def test_trivial_augment_runs_per_image_on_uint8(compose_config, tmp_path: Path) -> None:
     (tmp_path / "a" / "x").mkdir(parents=True)
     cfg = compose_config(
-        "data=image_folder", f"data.path={tmp_path / 'a'}", "augment=trivial_augment"
+        "data=image_folder", f"data.path={tmp_path / 'a'}", "data/augment=trivial_augment"
     )
     dm = instantiate(cfg.data, _convert_="all")
     assert v2.TrivialAugmentWide in [type(t) for t in dm.transform.transforms]
@@ -168,7 +168,7 @@ def test_the_trainer_augments_training_batches_only(
 
     monkeypatch.setattr(BatchAugment, "__call__", spy)
     quiet = ["callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null"]
-    cfg = compose_config("augment=crop", f"data.on_device={on_device}", "debug=fdr", *quiet)
+    cfg = compose_config("data/augment=crop", f"data.on_device={on_device}", "debug=fdr", *quiet)
     run(cfg)
     # fast_dev_run: one training, one validation and one test batch; only the first augmented.
     assert calls == [(64, 1, 8, 8)]

@@ -24,7 +24,7 @@ from kindling.train import run
 
 from conftest import CONFIG_DIR, QUIET, options
 
-GROUPS = ["data", "augment", "model", "trainer", "callbacks", "logger", "experiment", "debug"]
+GROUPS = ["data", "data/augment", "model", "trainer", "callbacks", "logger", "experiment", "debug"]
 
 
 @pytest.fixture
@@ -57,7 +57,7 @@ def test_every_group_has_options() -> None:
     assert options("data") == [
         "cifar10", "digits", "fashion_mnist", "image_folder", "mnist", "streaming"
     ]  # fmt: skip
-    assert options("augment") == ["crop", "flip_crop", "none", "trivial_augment"]
+    assert options("data/augment") == ["crop", "flip_crop", "none", "trivial_augment"]
     assert {"default", "cpu", "gpu", "ddp", "ddp_cpu", "mps"} <= set(options("trainer"))
 
 

@@ -360,7 +360,7 @@ def test_two_processes_train_on_disjoint_shards(tmp_path: Path) -> None:
     (tmp_path / "sampled_indices.py").write_text(SAMPLED_INDICES)
     result = train_py(
         "data=image_folder", f"data.path={root}", "data.image_size=8",
-        "data.batch_size=4", "data.num_workers=1", "augment=trivial_augment",
+        "data.batch_size=4", "data.num_workers=1", "data/augment=trivial_augment",
         "trainer.accelerator=cpu", "trainer.devices=2", "trainer.max_epochs=1",
         "+callbacks.sampled._target_=sampled_indices.SampledIndices", *QUIET,
         cwd=tmp_path, module_dir=tmp_path,
@@ -385,7 +385,7 @@ def test_a_multirun_trains_with_and_without_augmentation(tmp_path: Path) -> None
     root = make_folder(tmp_path / "images", per_class=4)
     result = subprocess.run(
         [*PYTHON, str(ROOT / "train.py"), "-m", "data=image_folder", f"data.path={root}",
-         "data.image_size=8", "data.batch_size=4", "data.num_workers=1", "augment=none,flip_crop",
+         "data.image_size=8", "data.batch_size=4", "data.num_workers=1", "data/augment=none,flip_crop",
          "trainer=cpu", "trainer.max_epochs=1", *QUIET],
         cwd=tmp_path, capture_output=True, text=True, timeout=600,
     )  # fmt: skip

@@ -103,7 +103,7 @@ IN_MEMORY = {
     "dataloader": [],
     # Lightning gives the loader its state itself when nothing reads the run's length first.
     "no schedule": ["model.scheduler=null"],
-    "on device, augmented": ["data.on_device=true", "augment=crop"],
+    "on device, augmented": ["data.on_device=true", "data/augment=crop"],
 }
 
 
@@ -121,7 +121,7 @@ def test_sigterm_mid_epoch_then_resume_equals_a_straight_run(
 def test_resume_with_loader_workers_equals_a_straight_run(
     compose_config, tmp_path: Path, monkeypatch
 ) -> None:
-    overrides = ["data.num_workers=2", "augment=none"]
+    overrides = ["data.num_workers=2", "data/augment=none"]
     resumed = stopped_and_resumed(compose_config, tmp_path, monkeypatch, *overrides)
     assert_same_run(straight(compose_config, tmp_path, monkeypatch, *overrides), resumed)
 
@@ -145,7 +145,7 @@ def test_image_folder_resumes_mid_epoch_with_the_same_augmentation(
     folder = write_image_folder(tmp_path / "images")
     overrides = [
         "data=image_folder", f"data.path={folder}", "data.image_size=8", "model=rnn",
-        "data.batch_size=4", f"data.num_workers={workers}", "augment=flip_crop",
+        "data.batch_size=4", f"data.num_workers={workers}", "data/augment=flip_crop",
     ]  # fmt: skip
     resumed = stopped_and_resumed(compose_config, tmp_path, monkeypatch, *overrides)
     assert_same_run(straight(compose_config, tmp_path, monkeypatch, *overrides), resumed)

@@ -32,7 +32,7 @@ from conftest import QUIET, ROOT, importable, prepare_cfg, train_py
 # runs (a streamed epoch's order depends on which worker is first), not by five.
 FOLDER = ["data=image_folder", "data.image_size=8", "data.channels=1", "data.test_fraction=0.3"]
 # The same settings for every data path: no augmentation (flips do not suit digits).
-SETTINGS = ["augment=none", "trainer.max_epochs=6", "callbacks.early_stopping=null", *QUIET]
+SETTINGS = ["data/augment=none", "trainer.max_epochs=6", "callbacks.early_stopping=null", *QUIET]
 # A CNN on 8x8 digits tests at 0.975-0.995 with a loss of 0.05-0.09 after 6 epochs, whichever
 # the path; a copy streamed in its source's order (batches of one or two classes) at 0.90-0.98
 # with a loss of 0.26-0.40: the loss is what tells them apart.

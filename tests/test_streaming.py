@@ -306,7 +306,7 @@ def test_a_run_resumed_mid_epoch_ends_as_the_uninterrupted_one(
 ) -> None:
     """9 batches an epoch: stopped after step 12 (3 into the second epoch) and resumed, the
     run reads the 6 batches left, in order, and ends with the same weights and val/loss."""
-    overrides = [f"data.num_workers={workers}", "augment=flip_crop", *schedule]
+    overrides = [f"data.num_workers={workers}", "data/augment=flip_crop", *schedule]
     steps = {**STEP_CHECKPOINTS, "dirpath": str(tmp_path / "steps")}
     whole = train_streaming(compose_config, prepared, tmp_path / "whole", *overrides, steps=steps)
     if stop == "SIGTERM":
@@ -364,7 +364,7 @@ def test_two_processes_read_disjoint_parts_of_each_epoch_in_step(
     result = subprocess.run(
         [*PYTHON, str(ROOT / "train.py"),
         "data=streaming", f"data.input_dir={prepared}", "data.batch_size=8",
-        "data.num_workers=1", "augment=none", "trainer=ddp_cpu", "trainer.max_epochs=2",
+        "data.num_workers=1", "data/augment=none", "trainer=ddp_cpu", "trainer.max_epochs=2",
         "logger=none", "test=false", "+callbacks.record._target_=test_streaming.RecordSamples",
         "hydra.run.dir=run", *QUIET],
         cwd=tmp_path, capture_output=True, text=True, timeout=600,

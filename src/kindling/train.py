@@ -46,8 +46,6 @@ def run(cfg: DictConfig) -> float | None:
     """
     ignore_unhelpful_warnings()
     try:
-        # Multi-device jobs start their extra ranks as single runs of this job, in its folder.
-        hydra_ddp.install()
         with hydra_ddp.job_environment(), _trackers_closed():
             return train_and_test(cfg)
     except SIGTERMException as stop:
@@ -115,7 +113,11 @@ def build_trainer(
     # Last: it holds back a SIGTERM that arrived during any other callback's validation hooks.
     callbacks.sort(key=lambda callback: isinstance(callback, CheckpointOnInterrupt))
     callbacks = _callbacks_the_trainer_runs(callbacks, cfg.trainer, has_logger=bool(loggers))
-    return build(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False)
+    trainer = build(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False)
+    if trainer.world_size > 1 and HydraConfig.initialized():
+        # Lightning starts the extra ranks: as single runs of this job, in its folder.
+        hydra_ddp.install()
+    return trainer
 
 
 def _check(cfg: DictConfig) -> str | None:

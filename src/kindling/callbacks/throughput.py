@@ -11,8 +11,6 @@ from lightning.pytorch.callbacks import ThroughputMonitor
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
-from kindling import internals
-
 
 def batch_length(batch: Any) -> int:
     """The number of samples in a batch: the first dimension of its first tensor."""
@@ -25,24 +23,20 @@ class ThroughputWithMFU(ThroughputMonitor):
 
     FLOPs per batch (forward + backward) are counted once on the meta device with
     `measure_flops`, from the shape of the first training batch, unless the LightningModule
-    already has a `flops_per_batch`. Lightning's table of peak FLOPs does not know every device
-    name (an H200 reports "NVIDIA H200"): `peak_flops` (per device, for the run's precision) sets
-    it; without either, samples/s are logged and MFU is not.
+    already has a `flops_per_batch`. The peak comes from Lightning's table of devices; on a
+    device it does not list, samples/s are logged and MFU is not.
 
     The monitor synchronises the GPU every step to read its clock: turn it on to measure, not
     for every run.
     """
 
-    def __init__(self, peak_flops: float | None = None, window_size: int = 50, **kwargs: Any):
+    def __init__(self, window_size: int = 50, **kwargs: Any):
         super().__init__(batch_size_fn=batch_length, window_size=window_size, **kwargs)
-        self.peak_flops = peak_flops
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
-        if self.peak_flops:
-            internals.set_available_flops(self, int(self.peak_flops))
         if self.available_flops is None:
-            rank_zero_info("Peak FLOPs of this device unknown: MFU is not logged (set peak_flops).")
+            rank_zero_info("Peak FLOPs of this device unknown to Lightning: MFU is not logged.")
 
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int

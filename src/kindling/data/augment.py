@@ -1,6 +1,6 @@
 """What is done to each training sample: the `augment` config group, built two ways.
 
-Each option of configs/augment/ is a mapping of named torchvision.transforms.v2 transforms.
+Each option of configs/data/augment/ is a mapping of named torchvision.transforms.v2 transforms.
 Image folders run them as they are, per image in the DataLoader workers (`worker_transform`).
 In-memory data sets have no workers: `BatchAugment` applies the same random crop and horizontal
 flip to whole batches on the training device, with a draw of its own for every image (a v2
@@ -82,7 +82,7 @@ class BatchAugment:
                 raise UserError(
                     f"augment.{name} ({type(transform).__name__}) runs on image folders only: "
                     "in-memory data sets augment whole batches on the device with RandomCrop "
-                    "and RandomHorizontalFlip. Use augment=none, crop or flip_crop."
+                    "and RandomHorizontalFlip. Use data/augment=none, crop or flip_crop."
                 )
 
     def __bool__(self) -> bool:
