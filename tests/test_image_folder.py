@@ -385,8 +385,8 @@ def test_a_multirun_trains_with_and_without_augmentation(tmp_path: Path) -> None
     root = make_folder(tmp_path / "images", per_class=4)
     result = subprocess.run(
         [*PYTHON, str(ROOT / "train.py"), "-m", "data=image_folder", f"data.path={root}",
-         "data.image_size=8", "data.batch_size=4", "data.num_workers=1", "data/augment=none,flip_crop",
-         "trainer=cpu", "trainer.max_epochs=1", *QUIET],
+         "data.image_size=8", "data.batch_size=4", "data.num_workers=1",
+         "data/augment=none,flip_crop", "trainer=cpu", "trainer.max_epochs=1", *QUIET],
         cwd=tmp_path, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
