@@ -19,10 +19,10 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch.utils.flop_counter import FlopCounterMode
 
 from kindling import sample as sample_cli
-from kindling.checkpoints import load_module
 from kindling.config.errors import UserError
 from kindling.data import CharTextDataModule
 from kindling.data.text import Vocabulary
+from kindling.loading import load_module
 from kindling.models import (
     GRULanguageModel,
     LSTMLanguageModel,

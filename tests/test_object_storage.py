@@ -9,8 +9,9 @@ import pytest
 import torch
 from omegaconf import open_dict
 
-from kindling.checkpoints import load_module, read_checkpoint
+from kindling.checkpoints import read_checkpoint
 from kindling.config.errors import UserError
+from kindling.loading import load_module
 from kindling.predict import PredictArgs, predict
 from kindling.train import run
 

@@ -21,8 +21,8 @@ from PIL import Image
 from sklearn.datasets import load_digits
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from kindling.checkpoints import instantiate_stored, load_module
 from kindling.data.streaming import StreamingDataModule
+from kindling.loading import instantiate_stored, load_module
 from kindling.prepare import prepare
 from kindling.train import run
 

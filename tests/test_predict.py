@@ -12,8 +12,8 @@ from torchvision.io import write_png
 
 from kindling import predict as predict_command
 from kindling import sample as sample_command
-from kindling.checkpoints import load_module
 from kindling.config.errors import UserError
+from kindling.loading import load_module
 from kindling.predict import PredictArgs, predict
 
 from conftest import PYTHON

@@ -14,8 +14,8 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf, open_dict
 
 import kindling.train
-from kindling.checkpoints import load_module
 from kindling.config.instantiate import instantiate_group
+from kindling.loading import load_module
 from kindling.models import CNNClassifier
 from kindling.train import run
 

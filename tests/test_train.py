@@ -141,7 +141,7 @@ def test_train_py_two_cpu_processes(tmp_path: Path) -> None:
 def test_checkpoint_alone_rebuilds_the_model(compose_config, tmp_path) -> None:
     import torch
 
-    from kindling.checkpoints import load_module
+    from kindling.loading import load_module
     from kindling.modules import Classifier
 
     # Not the default net: rebuilding the default instead would not load these weights.

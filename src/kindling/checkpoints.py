@@ -1,14 +1,12 @@
-"""Load a kindling checkpoint with nothing but the file: its config rebuilds the module."""
+"""Checkpoint files: read safely from a path or a URL, written atomically."""
 
 import re
 from pathlib import Path
 from typing import Any
 
 import fsspec
-import lightning as L
 import torch
 from fsspec.implementations.local import LocalFileSystem
-from hydra.utils import get_object, instantiate
 from lightning.fabric.plugins import TorchCheckpointIO
 
 from kindling.config.errors import UserError
@@ -48,73 +46,6 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
         raise UserError(f"{path} is not a Lightning checkpoint (no state_dict). Check ckpt_path.")
     return checkpoint
-
-
-def load_module(path: str | Path) -> tuple[L.LightningModule, dict[str, Any]]:
-    """Rebuild the LightningModule saved in a kindling checkpoint, in eval mode, on the CPU.
-
-    Returns the module and the checkpoint (its `"config"` is the run's resolved config).
-    """
-    checkpoint = read_checkpoint(path)
-    if "config" not in checkpoint:
-        raise UserError(f"{path} has no stored config: it was not written by kindling's train.py.")
-    config = checkpoint["config"]
-    # Model and data: what prediction, sampling and export build from a checkpoint.
-    check_stored_config({"model": config.get("model"), "data": config.get("data")}, path)
-    module = instantiate(config["model"], _convert_="all")
-    module.load_state_dict(without_compile_prefix(checkpoint["state_dict"]))
-    return module.eval(), checkpoint
-
-
-# What a checkpoint's stored config may build: kindling's models, modules and data, and the
-# libraries its model and data configs name. `weights_only` keeps code out of the file, but a
-# config of plain strings can still name any callable (`builtins.open` with mode "w"), and
-# people load checkpoints they downloaded.
-STORED_TARGET_PACKAGES = (
-    "kindling.models.", "kindling.modules.", "kindling.data.", "torch.nn.", "torch.optim.",
-    "torchvision.models.", "torchvision.transforms.", "torchmetrics.", "timm.",
-)  # fmt: skip
-# Functions among them that build things (everything else must be a class).
-STORED_FUNCTION_PACKAGES = ("kindling.modules.optimization.", "torchvision.models.", "timm.")
-
-
-def instantiate_stored(config: Any, path: str | Path, **kwargs: Any) -> Any:
-    """`instantiate` a config stored in the checkpoint at `path`, once every `_target_` in it
-    is one that kindling's configs could name (checked before anything is imported or called)."""
-    check_stored_config(config, path)
-    return instantiate(config, _convert_="all", **kwargs)
-
-
-def check_stored_config(node: Any, path: str | Path, key: str = "config") -> None:
-    """Refuse, with one line, a stored config that builds anything outside
-    `STORED_TARGET_PACKAGES` or holds an interpolation (a stored config is resolved)."""
-    refused = f"{path} is refused: its stored config"
-    if isinstance(node, dict):
-        target = node.get("_target_")
-        if target is not None and not _buildable_from_checkpoint(target):
-            raise UserError(
-                f"{refused} names {key}._target_={target!r}, which no kindling config builds. "
-                "Load only checkpoints you trust."
-            )
-        for name, value in node.items():
-            check_stored_config(value, path, f"{key}.{name}")
-    elif isinstance(node, list | tuple):
-        for index, value in enumerate(node):
-            check_stored_config(value, path, f"{key}[{index}]")
-    elif isinstance(node, str) and "${" in node:
-        raise UserError(f"{refused} has an interpolation at {key}: {node!r}.")
-
-
-def _buildable_from_checkpoint(target: Any) -> bool:
-    if not isinstance(target, str) or not re.fullmatch(r"[A-Za-z_][\w.]*", target):
-        return False
-    if not target.startswith(STORED_TARGET_PACKAGES):
-        return False
-    try:
-        found = get_object(target)  # imports only within the packages above
-    except Exception:
-        return False
-    return isinstance(found, type) or target.startswith(STORED_FUNCTION_PACKAGES)
 
 
 def without_compile_prefix(state_dict: dict[str, Any]) -> dict[str, Any]:

@@ -24,7 +24,6 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from torch.utils.data import DataLoader, Dataset, default_collate
 
-from kindling.checkpoints import instantiate_stored, load_module
 from kindling.config.errors import UserError
 from kindling.data.folder import IMAGE_SUFFIXES, image_files
 from kindling.data.image_files import UnreadableImage, read_image
@@ -32,6 +31,7 @@ from kindling.data.loaders import default_num_workers
 from kindling.data.normalize import to_model_input
 from kindling.garbage_collection import skip_collections_at_exit
 from kindling.hardware import best_precision
+from kindling.loading import instantiate_stored, load_module
 
 log = logging.getLogger("kindling")
 

@@ -14,9 +14,9 @@ from collections.abc import Sequence
 
 import torch
 
-from kindling.checkpoints import load_module
 from kindling.config.errors import UserError
 from kindling.garbage_collection import skip_collections_at_exit
+from kindling.loading import load_module
 from kindling.modules import LanguageModel
 
 

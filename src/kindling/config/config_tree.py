@@ -7,7 +7,8 @@ import rich.tree
 import yaml
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, ListConfig, OmegaConf
-from rich.console import Console, RenderableType
+from rich.console import Console
+from rich.syntax import Syntax
 from rich.text import Text
 
 CONFIG_TREE_FILE = "config_tree.log"
@@ -16,35 +17,21 @@ CONFIG_TREE_FILE = "config_tree.log"
 FIRST = ("data", "model", "callbacks", "logger", "trainer", "paths")
 
 
-def config_tree(
-    cfg: DictConfig, first: Sequence[str] = FIRST, highlight: bool = True
-) -> rich.tree.Tree:
-    """One branch per group (its resolved values as YAML), one leaf per top-level value.
-
-    `highlight=False` gives the YAML as plain text: what a console without colour shows anyway,
-    without the cost of lexing it (and of importing pygments).
-    """
+def config_tree(cfg: DictConfig, first: Sequence[str] = FIRST) -> rich.tree.Tree:
+    """One branch per group (its resolved values as YAML), one leaf per top-level value."""
     tree = rich.tree.Tree("config", style="bold", guide_style="dim")
     keys = [k for k in first if k in cfg] + [k for k in cfg if k not in first]
     for key in keys:
         value = cfg[key]
         if isinstance(value, DictConfig):
             text = OmegaConf.to_yaml(value, resolve=True).rstrip()
-            tree.add(key, style="bold").add(_yaml_block(text, highlight))
+            tree.add(key, style="bold").add(Syntax(text, "yaml", theme="ansi_dark"))
         else:
             if isinstance(value, ListConfig):
                 value = OmegaConf.to_container(value, resolve=True)
             # Text, not markup: rich would take `[dev]` for a style tag and drop it.
             tree.add(Text(f"{key}: {_yaml_line(value)}"))
     return tree
-
-
-def _yaml_block(text: str, highlight: bool) -> RenderableType:
-    if not highlight:
-        return Text(text)
-    from rich.syntax import Syntax  # imports pygments: only where colour is shown
-
-    return Syntax(text, "yaml", theme="ansi_dark")
 
 
 def _yaml_line(value: object) -> str:
@@ -60,9 +47,8 @@ def print_config_tree(cfg: DictConfig, save_dir: str | Path | None = None) -> No
     `.hydra/config.yaml` keeps the config as written (with `${...}`); this file shows the values
     the run actually used.
     """
-    console = Console()
-    tree = config_tree(cfg, highlight=console.color_system is not None)
-    console.print(tree)
+    tree = config_tree(cfg)
+    Console().print(tree)
     if save_dir is not None:
         path = Path(save_dir) / CONFIG_TREE_FILE
         path.parent.mkdir(parents=True, exist_ok=True)

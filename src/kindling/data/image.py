@@ -2,7 +2,7 @@
 
 from abc import abstractmethod
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
@@ -11,9 +11,11 @@ from torch.utils.data import DataLoader
 
 from kindling.config.errors import UserError
 from kindling.data.augment import BatchAugment, DeviceGenerator, Transform
-from kindling.data.device_loader import DeviceTensorLoader
 from kindling.data.in_memory import BatchIndexedTensors
 from kindling.data.loaders import SplitDataModule, per_device_batch_size
+
+if TYPE_CHECKING:
+    from kindling.data.device_loader import DeviceTensorLoader
 
 # data.on_device=auto: the share of the device's free memory the whole data set may take.
 ON_DEVICE_SHARE = 0.25
@@ -168,9 +170,11 @@ class InMemoryImageDataModule(SplitDataModule):
 
     def _loader(
         self, dataset: BatchIndexedTensors | None, shuffle: bool, drop_last: bool = False
-    ) -> DataLoader | DeviceTensorLoader:
+    ) -> "DataLoader | DeviceTensorLoader":
         if dataset is None or not self.serves_on_device():
             return super()._loader(dataset, shuffle, drop_last=drop_last)
+        from kindling.data.device_loader import DeviceTensorLoader  # what CUDA runs use alone
+
         # To the strategy's device (this process's), without the batch hooks: the whole set is
         # copied once, and augmentation belongs to each training batch, not to the copy.
         strategy = self.trainer.strategy
