@@ -7,12 +7,14 @@
 It moves `src/kindling/` to `src/myproject/` and replaces the word `kindling` (whole words only:
 imports, `_target_:` paths in configs, pyproject.toml, README, Makefile, Dockerfile, ...) in every
 text file of the project. Run it on a clean working tree and commit the result on its own, so
-that `git merge upstream/main` can still follow the moved files (see the README's fork section).
+that `git merge upstream/main` can still follow the moved files. `copier copy` runs it as its task
+(copier.yml; README: Your own project).
 """
 
 import argparse
 import keyword
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -73,8 +75,21 @@ def rename(root: Path, old: str, new: str, dry_run: bool) -> list[str]:
         target = folder.with_name(new)
         changes.append(f"{folder.relative_to(root)} -> {target.relative_to(root)}")
         if not dry_run:
-            folder.rename(target)
+            _move(folder, target)
     return changes
+
+
+def _move(folder: Path, target: Path) -> None:
+    """Move `folder` to `target`; into it, file by file, where it exists (`copier update` writes
+    kindling's new version beside the renamed package, and this task moves it in)."""
+    if not target.exists():
+        folder.rename(target)
+        return
+    for path in [p for p in folder.rglob("*") if p.is_file()]:
+        moved = target / path.relative_to(folder)
+        moved.parent.mkdir(parents=True, exist_ok=True)
+        path.replace(moved)
+    shutil.rmtree(folder)
 
 
 def _first_named(path: Path, root: Path, name: str) -> Path:
@@ -93,14 +108,13 @@ def main(argv: list[str] | None = None) -> int:
     if not valid_name(args.new):
         print(f"{args.new!r} is not a valid package name: use lowercase letters, digits and _.")
         return 2
+    if args.new == args.old:
+        print(f"The package is named {args.old} already: give another name.")
+        return 2
     root = args.root.resolve()
     if not (root / "src" / args.old).is_dir():
         print(f"{root / 'src' / args.old} does not exist: nothing named {args.old!r} to rename.")
         return 2
-    if (root / "src" / args.new).exists():
-        print(f"{root / 'src' / args.new} exists already.")
-        return 2
-
     changes = rename(root, args.old, args.new, args.dry_run)
     print("\n".join(changes))
     if args.dry_run:

@@ -1,5 +1,5 @@
-"""scripts/rename_package.py on a copy of the repository: everything renamed, still trains,
-and upstream fixes still merge into the renamed fork."""
+"""scripts/rename_package.py and copier.yml on a copy of the repository: everything renamed,
+still trains, and kindling's later changes still reach the renamed project."""
 
 import os
 import re
@@ -119,3 +119,56 @@ def test_renamed_fork_still_merges_upstream_fixes(repo: Path) -> None:
     merged = (repo / "src" / "mynet" / "train.py").read_text()
     assert merged.startswith('"""The path of one run')
     assert not (repo / "src" / "kindling").exists()
+
+
+def copier(*args: str, cwd: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "copier", *args, "--trust", "--defaults"],
+        cwd=cwd, capture_output=True, text=True,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_a_copier_project_takes_kindlings_later_changes_renamed(repo: Path, tmp_path) -> None:
+    """`copier copy` starts a renamed project; `copier update` brings in what kindling changed
+    since, new files and new imports renamed too, and keeps the project's own changes."""
+    pytest.importorskip("copier")
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "kindling v1")
+    git(repo, "tag", "v1")
+    project = tmp_path / "project"
+    copier(
+        "copy", "--vcs-ref=v1", "--data=package_name=mynet", str(repo), str(project), cwd=tmp_path
+    )
+    assert (project / "src" / "mynet" / "train.py").is_file()
+    assert not (project / "src" / "kindling").exists()
+    assert files_mentioning(project, "kindling") == []
+    git(project, "init", "-q", "-b", "main")
+    # The project's own work: a model of its own, an edit of a kindling file.
+    (project / "src" / "mynet" / "models" / "mine.py").write_text('"""My model."""\n')
+    train = project / "src" / "mynet" / "train.py"
+    train.write_text(train.read_text().replace('"""The path of a run', '"""The path of my run', 1))
+    git(project, "add", "-A")
+    git(project, "commit", "-q", "-m", "my project")
+
+    # kindling, later: a fix in a file, and a new module importing the package.
+    fixed = repo / "src" / "kindling" / "config" / "errors.py"
+    fixed.write_text(fixed.read_text().replace('"""Errors caused', '"""Errors, caused', 1))
+    new = repo / "src" / "kindling" / "models" / "block.py"
+    new.write_text('"""A block."""\n\nfrom kindling.models.cnn import CNNClassifier\n')
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "kindling v2")
+    git(repo, "tag", "v2")
+    copier("update", "--vcs-ref=v2", cwd=project)
+
+    package = project / "src" / "mynet"
+    assert (package / "config" / "errors.py").read_text().startswith('"""Errors, caused')
+    assert (
+        "from mynet.models.cnn import CNNClassifier"
+        in (package / "models" / "block.py").read_text()
+    )
+    assert train.read_text().startswith('"""The path of my run')
+    assert (package / "models" / "mine.py").is_file()
+    assert not (project / "src" / "kindling").exists()
+    assert files_mentioning(project, "kindling") == []
