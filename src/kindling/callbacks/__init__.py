@@ -5,7 +5,7 @@ from kindling.lazy_exports import lazy_exports
 MODULES = {
     "config_in_checkpoint": ["ConfigInCheckpoint"],
     "continue_metrics": ["ContinueLoggedMetrics"],
-    "device_report": ["DeviceReport"],
+    "device_usage": ["DeviceReport"],
     "divergence": ["DivergenceError", "StopOnDivergence"],
     "interrupt": ["CheckpointOnInterrupt"],
     "optuna_pruning": ["OptunaPruning"],
