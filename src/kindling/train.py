@@ -10,6 +10,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
+import yaml
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from lightning.pytorch.callbacks import (
@@ -30,7 +31,9 @@ from kindling.config.config_tree import print_config_tree
 from kindling.config.errors import UserError, find_user_error
 from kindling.config.instantiate import build, check_arguments, instantiate_group
 from kindling.data.loaders import per_device_batch_size
+from kindling.files import write_atomically
 from kindling.known_warnings import ignore_unhelpful_warnings
+from kindling.report import RESULTS_FILE
 from kindling.run import hydra_ddp, provenance, resumed
 
 log = logging.getLogger(__name__)
@@ -95,6 +98,7 @@ def train_and_test(cfg: DictConfig) -> float | None:
         trainer.test(model=model, datamodule=datamodule, ckpt_path=best)
         metrics.update(trainer.callback_metrics)
 
+    _save_results(metrics, cfg.paths.output_dir)
     rank_zero_info(f"Run folder: {cfg.paths.output_dir}")
     # A test-only run (train=false) has no validation metrics to return.
     name = cfg.get("optimized_metric") if cfg.get("train") else None
@@ -186,6 +190,15 @@ def _best_checkpoint(trainer: L.Trainer) -> str | None:
     if not best.is_file():  # a resumed run whose folder moved: same file name, new folder
         best = Path(callback.dirpath) / best.name
     return str(best)
+
+
+@rank_zero_only
+def _save_results(metrics: dict, run_dir: str) -> None:
+    """The run's last metrics (of the last validation, and the test of the best checkpoint) in
+    its folder: kindling.report reads them back, whichever loggers the run had."""
+    values = {name: float(value) for name, value in sorted(metrics.items())}
+    text = yaml.safe_dump(values, sort_keys=False)
+    write_atomically(Path(run_dir) / RESULTS_FILE, lambda file: file.write(text.encode()))
 
 
 def _optimized_metric(name: str | None, metrics: dict) -> float | None:
