@@ -289,7 +289,8 @@ def plot(report: Report, path: Path) -> bool:
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # only when there is a plot
     from matplotlib.figure import Figure
 
-    names = [row["configuration"] for row in configuration_rows(report)]
+    # One override a line: a configuration of several stays narrow.
+    names = [row["configuration"].replace(" ", "\n") for row in configuration_rows(report)]
     panel_width = max(3.0, 0.8 * len(names) + 1.2)
     figure = Figure(figsize=(panel_width * len(metrics), 4.0), layout="constrained")
     for n, metric in enumerate(metrics):
@@ -304,7 +305,7 @@ def plot(report: Report, path: Path) -> bool:
             mean, std = summary(values)
             axes.errorbar([x + 0.25], [mean], yerr=[std or 0.0], fmt="_", color="black",
                           markersize=12, capsize=4)  # fmt: skip
-        axes.set_xticks(range(len(names)), names, rotation=30, ha="right")
+        axes.set_xticks(range(len(names)), names, fontsize="small")
         axes.set_xlim(-0.5, len(names) - 0.5)
         axes.set_title(metric)
         axes.grid(axis="y", alpha=0.3)
