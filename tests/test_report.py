@@ -102,6 +102,19 @@ def test_a_lower_is_better_metric_and_optuna_trials(tmp_path: Path) -> None:
     assert rows[-1]["completed"] == 0 and rows[-1]["val/loss mean"] is None
 
 
+def test_a_multirun_extended_by_another_is_reported_with_it(tmp_path: Path) -> None:
+    first, later = tmp_path / "first", tmp_path / "later"
+    for sweep, seeds in ((first, (0, 1)), (later, (2,))):
+        for number, seed in enumerate(seeds):
+            write_job(sweep, number, ["model=cnn", f"seed={seed}"], results={"val/acc_best": seed})
+    assert main([str(first), str(later)]) == 0
+    jobs = read_csv(first / "jobs.csv")
+    assert [row["job"] for row in jobs] == ["0", "1", "later/0"]
+    (configuration,) = read_csv(first / "configurations.csv")
+    assert configuration["configuration"] == "model=cnn" and configuration["completed"] == "3"
+    assert float(configuration["val/acc_best mean"]) == pytest.approx(1.0)
+
+
 def read_csv(path: Path) -> list[dict[str, str]]:
     with open(path, newline="") as f:
         return list(csv.DictReader(f))

@@ -6,7 +6,8 @@ overrides, status, the optimized metric, the test metrics, run time, run folder)
 deviation and count, best first), `report.md` (both tables, also printed) and `report.png` (each
 job a point, per configuration). Hydra runs it at the end of every multirun
 (kindling.run.multirun_report); everything is read from the job folders, so the report of an
-interrupted, resumed or extended multirun is rebuilt the same way.
+interrupted multirun is rebuilt the same way. `python -m kindling.report <sweep> <later sweep>
+...` reports a multirun together with those that extended it (more seeds, folds or trials).
 """
 
 import argparse
@@ -138,15 +139,20 @@ def optimized_metric(folders: Sequence[Path]) -> tuple[str | None, bool]:
     return None, True
 
 
-def build_report(sweep_dir: str | Path) -> Report:
-    """Read every job folder of `sweep_dir`; group the jobs into configurations, best first."""
+def build_report(sweep_dir: str | Path, *more_sweep_dirs: str | Path) -> Report:
+    """Read every job folder of `sweep_dir` (and of `more_sweep_dirs`: a multirun extended
+    later by another, with more seeds or trials); group the jobs into configurations, best
+    first."""
     sweep_dir = Path(sweep_dir)
-    folders = job_folders(sweep_dir)
-    if not folders:
-        raise UserError(
-            f"{sweep_dir} has no job folders (<number>/.hydra/overrides.yaml): give the folder "
-            "of a multirun, logs/<task>/multiruns/<date>_<time>."
-        )
+    folders = []
+    for folder in (sweep_dir, *map(Path, more_sweep_dirs)):
+        found = job_folders(folder)
+        if not found:
+            raise UserError(
+                f"{folder} has no job folders (<number>/.hydra/overrides.yaml): give the folder "
+                "of a multirun, logs/<task>/multiruns/<date>_<time>."
+            )
+        folders += found
     jobs = [read_job(folder) for folder in folders]
     metric, maximize = optimized_metric(folders)
     grouped: dict[tuple[str, ...], list[Job]] = {}
@@ -197,7 +203,10 @@ def job_rows(report: Report) -> list[dict[str, Any]]:
     shown = varying([job.overrides for job in report.jobs])
     return [
         {
-            "job": job.folder.name,
+            # The job number; with the multirun's folder where several are reported together.
+            "job": str(job.folder.relative_to(report.sweep_dir.parent))
+            if job.folder.parent != report.sweep_dir
+            else job.folder.name,
             "overrides": label(job.overrides, shown),
             "status": job.status,
             **{name: job.metrics.get(name) for name in report.metrics},
@@ -315,9 +324,10 @@ def plot(report: Report, path: Path) -> bool:
     return True
 
 
-def write_report(sweep_dir: str | Path) -> str:
-    """Build the report of `sweep_dir` and write its files there; return its Markdown."""
-    report = build_report(sweep_dir)
+def write_report(sweep_dir: str | Path, *more_sweep_dirs: str | Path) -> str:
+    """Build the report of `sweep_dir` (and `more_sweep_dirs`) and write its files into
+    `sweep_dir`; return its Markdown."""
+    report = build_report(sweep_dir, *more_sweep_dirs)
     text = markdown(report)
     write_csv(report.sweep_dir / JOBS_CSV, job_rows(report))
     write_csv(report.sweep_dir / CONFIGURATIONS_CSV, configuration_rows(report))
@@ -334,9 +344,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Tables and a plot of a multirun's jobs, rebuilt from its folders.",
     )
     parser.add_argument("sweep_dir", help="the multirun's folder: logs/<task>/multiruns/<stamp>")
+    parser.add_argument(
+        "more_sweep_dirs", nargs="*", help="multiruns that extended it (more seeds, folds, trials)"
+    )
     args = parser.parse_args(argv)
     try:
-        print(write_report(args.sweep_dir))
+        print(write_report(args.sweep_dir, *args.more_sweep_dirs))
     except UserError as error:
         print(error, file=sys.stderr)
         return 1
