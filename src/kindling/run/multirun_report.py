@@ -13,7 +13,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from kindling.files import write_atomically
-from kindling.report import JOB_FILE, write_report
+from kindling.report import JOB_FILE, read_yaml, write_report
 from kindling.run.run_folder import launch_rank
 
 log = logging.getLogger(__name__)
@@ -58,15 +58,11 @@ class MultirunReport(Callback):
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         if not _records(config):
             return
-        record = (
-            yaml.safe_load(_job_file(config).read_text()) if _job_file(config).is_file() else {}
-        )
+        record = read_yaml(_job_file(config)) or {}
         record["ended"] = _now()
         if "started" in record:
-            run_time = datetime.fromisoformat(record["ended"]) - datetime.fromisoformat(
-                record["started"]
-            )
-            record["run_time_s"] = round(run_time.total_seconds(), 3)
+            started, ended = map(datetime.fromisoformat, (record["started"], record["ended"]))
+            record["run_time_s"] = round((ended - started).total_seconds(), 3)
         if job_return.status == JobStatus.COMPLETED:
             record["status"] = "completed"
         else:
