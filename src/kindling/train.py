@@ -31,7 +31,7 @@ from kindling.config.errors import UserError, find_user_error
 from kindling.config.instantiate import build, check_arguments, instantiate_group
 from kindling.data.loaders import per_device_batch_size
 from kindling.known_warnings import ignore_unhelpful_warnings
-from kindling.run import hydra_ddp, provenance, resumed
+from kindling.run import hydra_ddp, job_record, provenance, resumed
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,8 @@ def run(cfg: DictConfig) -> float | None:
     """
     ignore_unhelpful_warnings()
     try:
-        with hydra_ddp.job_environment(), _trackers_closed():
+        job = job_record.recorded_job(cfg.paths.output_dir)  # in a multirun: how the job ended
+        with hydra_ddp.job_environment(), _trackers_closed(), job:
             return train_and_test(cfg)
     except SIGTERMException as stop:
         # Lightning stopped at the end of a step; CheckpointOnInterrupt said where it saved
@@ -93,6 +94,7 @@ def train_and_test(cfg: DictConfig) -> float | None:
         trainer.test(model=model, datamodule=datamodule, ckpt_path=best)
         metrics.update(trainer.callback_metrics)
 
+    job_record.save_results(metrics, cfg.paths.output_dir)
     rank_zero_info(f"Run folder: {cfg.paths.output_dir}")
     # A test-only run (train=false) has no validation metrics to return.
     name = cfg.get("optimized_metric") if cfg.get("train") else None

@@ -11,6 +11,7 @@ from torch.utils.data import DataLoader
 
 from kindling.config.errors import UserError
 from kindling.data.augment import BatchAugment, DeviceGenerator, Transform
+from kindling.data.folds import check_folds, fold_split
 from kindling.data.in_memory import BatchIndexedTensors
 from kindling.data.loaders import SplitDataModule, per_device_batch_size
 
@@ -38,8 +39,11 @@ class InMemoryImageDataModule(SplitDataModule):
         num_workers: DataLoader worker processes per device (0 loads in the main process).
         pin_memory: page-locked host batches for faster copies (used only on CUDA).
         persistent_workers: keep workers alive between epochs (when `num_workers > 0`).
-        seed: seed of the validation split, independent of the run's seed (the split stays the
-            same across a seed sweep).
+        seed: seed of the validation split (or folds), independent of the run's seed (the split
+            stays the same across a seed sweep).
+        folds, fold: k-fold cross-validation: the training split is cut into `folds` stratified,
+            seeded folds (kindling.data.folds); fold `fold` is validation, the others train
+            (`val_fraction` is then unused). None: a `val_fraction` carved at random.
         shuffle_seed: seed of the order of training batches (configs pass the run's `seed`);
             None draws one, the same on every rank.
         on_device: keep the whole data set on the training device (one copy at the start) and
@@ -65,6 +69,8 @@ class InMemoryImageDataModule(SplitDataModule):
         on_device: bool | str = "auto",
         shuffle_seed: int | None = None,
         augment: Mapping[str, Transform | None] | None = None,
+        folds: int | None = None,
+        fold: int | None = None,
     ):
         super().__init__()
         # Transforms are objects: checkpoints hold plain values only (the config has them).
@@ -75,6 +81,7 @@ class InMemoryImageDataModule(SplitDataModule):
         per_device_batch_size(batch_size, 1)  # fail at construction on a non-positive size
         if not 0.0 < val_fraction < 1.0:
             raise UserError(f"data.val_fraction must be between 0 and 1, got {val_fraction}.")
+        check_folds(folds, fold)
         if on_device not in (True, False, "auto"):
             raise UserError(f"data.on_device must be true, false or auto, got {on_device!r}.")
         self._on_device: bool | None = None  # `on_device` decided, once the trainer is known
@@ -96,10 +103,15 @@ class InMemoryImageDataModule(SplitDataModule):
         (train_images, train_labels), (test_images, test_labels) = self.load_splits()
         self._check(train_images, train_labels)
 
-        generator = torch.Generator().manual_seed(self.hparams.seed)
-        order = torch.randperm(len(train_labels), generator=generator)
-        num_val = max(1, round(len(order) * self.hparams.val_fraction))
-        val_idx, train_idx = order[:num_val], order[num_val:]
+        hp = self.hparams
+        if hp.folds is not None:
+            train_idx, val_idx = fold_split(train_labels, hp.folds, hp.fold, hp.seed)
+        else:
+            order = torch.randperm(
+                len(train_labels), generator=torch.Generator().manual_seed(hp.seed)
+            )
+            num_val = max(1, round(len(order) * hp.val_fraction))
+            val_idx, train_idx = order[:num_val], order[num_val:]
 
         # Statistics of the training part only: nothing from validation or test leaks in.
         self.mean = train_images[train_idx].mean(dim=(0, 2, 3), keepdim=True)

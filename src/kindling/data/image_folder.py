@@ -11,6 +11,7 @@ from torch.utils.data import DataLoader
 from kindling.config.errors import UserError
 from kindling.data.augment import Transform, worker_transform
 from kindling.data.folder import Samples, carve, read_image_folder
+from kindling.data.folds import check_folds, fold_split
 from kindling.data.gpu_decode import EncodedImageFiles, check_decode_device, decode_batch
 from kindling.data.image_files import ImageFiles, readable
 from kindling.data.loaders import SplitDataModule, per_device_batch_size
@@ -41,7 +42,10 @@ class ImageFolderDataModule(SplitDataModule):
         batch_size: the global batch size, divided evenly over the processes of a run.
         val_fraction: share of train held out for validation when there is no `val/`.
         test_fraction: share of train held out for testing when there is no `test/`.
-        seed: seed of the carved splits and of the statistics' sample.
+        seed: seed of the carved splits (and folds) and of the statistics' sample.
+        folds, fold: k-fold cross-validation, without a `val/` folder: what train keeps after the
+            test split is cut into `folds` stratified, seeded folds (kindling.data.folds); fold
+            `fold` is validation, the others train (`val_fraction` is then unused).
         augment: training-time transforms (torchvision.transforms.v2, applied to uint8 images).
         mean: per-channel mean in [0, 1] units; null: measured on the training split.
         std: per-channel standard deviation; null: measured with `mean`.
@@ -81,6 +85,8 @@ class ImageFolderDataModule(SplitDataModule):
         prefetch_factor: int = 2,
         drop_last: bool = True,
         decode_device: str = "cpu",
+        folds: int | None = None,
+        fold: int | None = None,
     ):
         super().__init__()
         self.save_hyperparameters(ignore=["augment"], logger=False)
@@ -98,6 +104,7 @@ class ImageFolderDataModule(SplitDataModule):
         if (mean is None) != (std is None):
             raise UserError("Give data.mean and data.std together, or neither (measured).")
         check_decode_device(decode_device)
+        check_folds(folds, fold)
         self.transform = worker_transform(augment)
         self.classes: list[str] | None = None
         self.mean: torch.Tensor | None = None  # (1, C, 1, 1), [0, 1] units
@@ -140,7 +147,18 @@ class ImageFolderDataModule(SplitDataModule):
         if test is None:
             train, test = carve(train, hp.test_fraction, hp.seed)
         val = on_disk.get("val")
-        if val is None:
+        if val is not None and hp.folds is not None:
+            raise UserError(
+                f"data.folds={hp.folds}: {Path(hp.path) / 'val'} is a validation split of its own. "
+                "Leave out data.folds and data.fold, or move val/ into train/ to cross-validate."
+            )
+        if hp.folds is not None:
+            labels = torch.tensor([label for _, label in train])
+            train_idx, val_idx = (
+                i.tolist() for i in fold_split(labels, hp.folds, hp.fold, hp.seed + 1)
+            )
+            train, val = [train[i] for i in train_idx], [train[i] for i in val_idx]
+        elif val is None:
             train, val = carve(train, hp.val_fraction, hp.seed + 1)
         for name, samples in (("val", val), ("test", test)):
             if not samples:

@@ -1,0 +1,45 @@
+"""k-fold cross-validation: the validation fold of the training data, stratified and seeded."""
+
+import torch
+
+from kindling.config.errors import UserError
+
+
+def check_folds(folds: int | None, fold: int | None) -> None:
+    """Refuse a fold setting that picks no single validation fold (`data.folds`, `data.fold`)."""
+    if folds is None and fold is None:
+        return
+    if folds is None:
+        raise UserError(f"data.fold={fold} needs the number of folds: add data.folds=K (e.g. 5).")
+    if isinstance(folds, bool) or not isinstance(folds, int) or folds < 2:
+        raise UserError(
+            f"data.folds={folds}: cross-validation needs a whole number of folds, >= 2."
+        )
+    last = folds - 1
+    if fold is None:
+        raise UserError(
+            f"data.folds={folds} needs the validation fold: data.fold=0..{last} "
+            f"(all of them: -m data.fold={','.join(map(str, range(folds)))})."
+        )
+    if isinstance(fold, bool) or not isinstance(fold, int) or not 0 <= fold < folds:
+        raise UserError(f"data.fold={fold} is out of range for data.folds={folds}: use 0..{last}.")
+
+
+def fold_split(
+    labels: torch.Tensor, folds: int, fold: int, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(train, val)` indices into `labels`: val is fold `fold` of `folds`, train the others.
+
+    The samples are shuffled with `seed`, grouped by class (keeping the shuffled order within a
+    class) and dealt out to the folds in turn. So the folds are disjoint and cover every sample,
+    their sizes differ by at most one, and so do each class's counts in them (stratified); the
+    same seed gives the same folds, whichever fold is asked for.
+    """
+    check_folds(folds, fold)
+    if len(labels) < folds:
+        raise UserError(f"Only {len(labels)} training samples: too few for data.folds={folds}.")
+    order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))
+    by_class = order[torch.sort(labels[order], stable=True).indices]
+    assigned = torch.empty(len(labels), dtype=torch.long)
+    assigned[by_class] = torch.arange(len(labels)) % folds
+    return (assigned != fold).nonzero().squeeze(1), (assigned == fold).nonzero().squeeze(1)

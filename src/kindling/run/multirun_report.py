@@ -1,0 +1,43 @@
+"""The Hydra callback that reports a multirun when it ends (or is cut off)."""
+
+import atexit
+import logging
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+from kindling.run.run_folder import launch_rank
+
+log = logging.getLogger(__name__)
+
+
+class MultirunReport(Callback):
+    """kindling.report's tables and plot in the sweep folder, from what each job left in its
+    folder (`job.yaml` and `results.yaml`, kindling.run.job_record), wherever it ran."""
+
+    def __init__(self) -> None:
+        self.sweep_dir: Path | None = None
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if launch_rank() != 0:
+            return
+        self.sweep_dir = Path(config.hydra.sweep.dir)
+        # Hydra's basic sweeper raises the first failed job's error once all jobs have run, and
+        # then skips on_multirun_end: such a multirun (or one stopped by Ctrl-C) reports at exit.
+        atexit.register(self.report)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        atexit.unregister(self.report)
+        self.report()
+
+    def report(self) -> None:
+        if self.sweep_dir is None or not self.sweep_dir.is_dir():
+            return
+        from kindling.report import write_report  # matplotlib and the tables: multiruns only
+
+        try:
+            print(write_report(self.sweep_dir), flush=True)
+        except Exception as error:  # the jobs' own results are in their folders whatever happens
+            log.warning("No report of the multirun in %s: %s", self.sweep_dir, error)
