@@ -1,8 +1,9 @@
 """The private parts of Lightning kindling relies on, for correctness no public API gives.
 
-Each is checked when the feature that needs it runs (not at every run's start): a Lightning
-release that changed it stops that feature with one line naming the release and the versions
-kindling was tested with, instead of silently doing nothing.
+This module is imported, and each part checked, when the feature that needs it runs (a default
+run imports none of it): a Lightning release that changed a part stops that feature with one
+line naming the release and the versions kindling was tested with, instead of silently doing
+nothing.
 
 - DDP under a Hydra multirun (`kindling.run.hydra_ddp`): the command that starts ranks 1..N-1,
   `_hydra_subprocess_cmd(local_rank)` of the Trainer's and Fabric's launchers. Lightning's own

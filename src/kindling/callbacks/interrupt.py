@@ -13,8 +13,6 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from kindling import internals
-
 
 class CheckpointOnInterrupt(Callback):
     """On SIGTERM or Ctrl-C during fit, write `last.ckpt` at the end of the current step.
@@ -55,12 +53,16 @@ class CheckpointOnInterrupt(Callback):
     def on_validation_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
         # Lightning stops after this hook when the flag is up; hold it down until the end.
         if trainer.state.fn == TrainerFn.FITTING and trainer.received_sigterm:
-            internals.set_sigterm_received(trainer, False)
+            from kindling.internals import set_sigterm_received  # a private part of Lightning
+
+            set_sigterm_received(trainer, False)
             self._held = True
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._held:
-            internals.set_sigterm_received(trainer, True)
+            from kindling.internals import set_sigterm_received  # a private part of Lightning
+
+            set_sigterm_received(trainer, True)
             self._held = False
 
     def _stop_at_step_end(self, signum: int, frame: FrameType | None) -> None:

@@ -9,8 +9,6 @@ import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from kindling import internals
-
 
 def rng_states() -> dict[str, Any]:
     """Python, NumPy and torch (CPU and CUDA) generator states, as plain containers and tensors."""
@@ -65,7 +63,9 @@ class ResumeExactly(Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._loader_states:
-            internals.continue_training_loader(trainer, self._loader_states)
+            from kindling.internals import continue_training_loader  # a private part of Lightning
+
+            continue_training_loader(trainer, self._loader_states)
             self._loader_states = []
         if self._rng is not None:
             set_rng_states(self._rng)

@@ -3,9 +3,44 @@
 from collections.abc import Iterator
 from typing import Any
 
+import lightning as L
 import torch
+from lightning.fabric.utilities.apply_func import move_data_to_device
 
 from kindling import internals
+from kindling.data.in_memory import BatchIndexedTensors
+
+
+def fits_on_device(datamodule: L.LightningDataModule, share: float) -> bool:
+    """Whether the three splits take at most `share` of the CUDA device's free memory, on every
+    rank (all ranks must serve batches the same way, or their steps would not match)."""
+    trainer = datamodule.trainer
+    splits = (datamodule.data_train, datamodule.data_val, datamodule.data_test)
+    size = sum(t.nbytes for split in splits if split is not None for t in split.tensors)
+    free, _total = torch.cuda.mem_get_info(trainer.strategy.root_device)
+    return trainer.strategy.reduce_boolean_decision(size <= share * free)
+
+
+def serve_on_device(
+    datamodule: L.LightningDataModule, dataset: BatchIndexedTensors, shuffle: bool
+) -> "DeviceTensorLoader":
+    """`dataset` copied once to this process's device, and served from there."""
+    trainer = datamodule.trainer
+    # Without the batch hooks: augmentation belongs to each training batch, not to the copy.
+    tensors = move_data_to_device(dataset.tensors, trainer.strategy.root_device)
+    return DeviceTensorLoader(
+        tensors,
+        datamodule.batch_size_per_device,
+        shuffle=shuffle,
+        # Training batches all have one shape: a last, smaller one would make torch.compile
+        # compile again (and give BatchNorm a tiny batch); kept if it is the only one.
+        drop_last=shuffle and len(dataset) >= datamodule.hparams.batch_size,
+        rank=trainer.global_rank,
+        world_size=trainer.world_size,
+        seed=datamodule.shuffle_seed,
+        # Training keeps the ranks in step; evaluation sees every sample exactly once.
+        even_shards=shuffle,
+    )
 
 
 class DeviceTensorLoader:

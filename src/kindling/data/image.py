@@ -1,16 +1,14 @@
 """The shared part of every image data set: normalise, split, batch per device, load."""
 
 from abc import abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
-from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.pytorch.accelerators import CUDAAccelerator
 from torch.utils.data import DataLoader
 
 from kindling.config.errors import UserError
-from kindling.data.augment import BatchAugment, DeviceGenerator, Transform
 from kindling.data.folds import check_folds, fold_split
 from kindling.data.in_memory import BatchIndexedTensors
 from kindling.data.loaders import SplitDataModule, per_device_batch_size
@@ -68,15 +66,19 @@ class InMemoryImageDataModule(SplitDataModule):
         seed: int = 0,
         on_device: bool | str = "auto",
         shuffle_seed: int | None = None,
-        augment: Mapping[str, Transform | None] | None = None,
+        augment: Mapping[str, Callable[[torch.Tensor], torch.Tensor] | None] | None = None,
         folds: int | None = None,
         fold: int | None = None,
     ):
         super().__init__()
         # Transforms are objects: checkpoints hold plain values only (the config has them).
         self.save_hyperparameters(ignore=["augment"], logger=False)
-        self.batch_augment = BatchAugment(augment)
-        self.generator = DeviceGenerator(torch.initial_seed())
+        self.batch_augment = self.generator = None
+        if any(t is not None for t in (augment or {}).values()):
+            from kindling.data.augment import BatchAugment, DeviceGenerator  # only when augmenting
+
+            self.batch_augment = BatchAugment(augment)
+            self.generator = DeviceGenerator(torch.initial_seed())
         self._fill: torch.Tensor | None = None
         per_device_batch_size(batch_size, 1)  # fail at construction on a non-positive size
         if not 0.0 < val_fraction < 1.0:
@@ -140,11 +142,14 @@ class InMemoryImageDataModule(SplitDataModule):
     def state_dict(self) -> dict[str, Any]:
         # Lightning stores this in every checkpoint: prediction needs no training data; a run
         # resumed mid-epoch draws the augmentation of its next batch as if never stopped.
-        return {"mean": self.mean, "std": self.std, "augment": self.generator.state_dict()}
+        state = {"mean": self.mean, "std": self.std}
+        if self.generator is not None:
+            state["augment"] = self.generator.state_dict()
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.mean, self.std = state_dict["mean"], state_dict["std"]
-        if "augment" in state_dict:
+        if "augment" in state_dict and self.generator is not None:
             self.generator.load_state_dict(state_dict["augment"])
 
     def _check(self, images: torch.Tensor, labels: torch.Tensor) -> None:
@@ -166,41 +171,18 @@ class InMemoryImageDataModule(SplitDataModule):
             return False
         if self._on_device is None:
             choice = self.hparams.on_device
-            if choice == "auto":
-                choice = self._fits_on_device()
-            self._on_device = bool(choice)
-        return self._on_device
+            if choice == "auto" and isinstance(self.trainer.accelerator, CUDAAccelerator):
+                from kindling.data.device_loader import fits_on_device
 
-    def _fits_on_device(self) -> bool:
-        if not isinstance(self.trainer.accelerator, CUDAAccelerator):
-            return False
-        splits = (self.data_train, self.data_val, self.data_test)
-        size = sum(t.nbytes for split in splits if split is not None for t in split.tensors)
-        free, _total = torch.cuda.mem_get_info(self.trainer.strategy.root_device)
-        # Every rank serves batches the same way, or their steps would not match.
-        return self.trainer.strategy.reduce_boolean_decision(size <= ON_DEVICE_SHARE * free)
+                choice = fits_on_device(self, ON_DEVICE_SHARE)
+            self._on_device = choice is True
+        return self._on_device
 
     def _loader(
         self, dataset: BatchIndexedTensors | None, shuffle: bool, drop_last: bool = False
     ) -> "DataLoader | DeviceTensorLoader":
         if dataset is None or not self.serves_on_device():
             return super()._loader(dataset, shuffle, drop_last=drop_last)
-        from kindling.data.device_loader import DeviceTensorLoader  # what CUDA runs use alone
+        from kindling.data.device_loader import serve_on_device  # imported where it is used
 
-        # To the strategy's device (this process's), without the batch hooks: the whole set is
-        # copied once, and augmentation belongs to each training batch, not to the copy.
-        strategy = self.trainer.strategy
-        tensors = move_data_to_device(dataset.tensors, strategy.root_device)
-        return DeviceTensorLoader(
-            tensors,
-            self.batch_size_per_device,
-            shuffle=shuffle,
-            # Training batches all have one shape: a last, smaller one would make torch.compile
-            # compile again (and give BatchNorm a tiny batch); kept if it is the only one.
-            drop_last=shuffle and len(dataset) >= self.hparams.batch_size,
-            rank=self.trainer.global_rank,
-            world_size=self.trainer.world_size,
-            seed=self.shuffle_seed,
-            # Training keeps the ranks in step; evaluation sees every sample exactly once.
-            even_shards=shuffle,
-        )
+        return serve_on_device(self, dataset, shuffle)

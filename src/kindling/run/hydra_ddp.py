@@ -21,7 +21,6 @@ import torch.distributed
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import get_original_cwd, to_absolute_path
 
-from kindling import internals
 from kindling.run import run_folder
 
 # What Lightning's launcher writes into os.environ of the launching process.
@@ -55,7 +54,9 @@ def child_rank_command(local_rank: int) -> tuple[Sequence[str], str]:
 
 def install() -> None:
     """Use `child_rank_command` in Lightning's launchers (Trainer and Fabric), checked first."""
-    internals.install_hydra_rank_command(child_rank_command)
+    from kindling.internals import install_hydra_rank_command  # a private part of Lightning
+
+    install_hydra_rank_command(child_rank_command)
 
 
 @contextmanager
