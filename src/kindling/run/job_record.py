@@ -26,6 +26,7 @@ def read_yaml(path: Path) -> Any:
 
 
 def write_yaml(path: Path, record: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
     text = yaml.safe_dump(record, sort_keys=False, width=float("inf"))
     write_atomically(path, lambda file: file.write(text.encode()))
 

@@ -21,6 +21,7 @@ from optuna.storages import BaseStorage
 from optuna.trial import TrialState
 
 from kindling.config.errors import UserError
+from kindling.run.job_record import TRIAL_FILE, write_yaml
 from kindling.sweeps import study as studies
 from kindling.sweeps.search_space import parse_search_space
 
@@ -144,7 +145,7 @@ class OptunaSweep:
                 log.info("Trial %d: %s=%s", trial.number, metric, value)
         if run_dir is not None:
             frozen = study.get_trials(deepcopy=False)[trial.number]
-            studies.write_yaml(Path(run_dir) / "trial.yaml", studies.trial_summary(frozen))
+            write_yaml(Path(run_dir) / TRIAL_FILE, studies.trial_summary(frozen))
 
     def _tell(
         self,
@@ -175,7 +176,7 @@ class OptunaSweep:
         best["study_name"] = study.study_name
         best["storage"] = str(self.storage)
         for folder in (Path(self.config.hydra.sweep.dir), self.study_dir):
-            studies.write_yaml(folder / "best_trial.yaml", best)
+            write_yaml(folder / "best_trial.yaml", best)
         log.info(
             "Best trial %d: %s=%s, run folder %s\nRetrain it: %s",
             best["number"], self.config.get("optimized_metric"), best["value"],

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-import yaml
 from optuna.pruners import BasePruner
 from optuna.storages import BaseStorage, JournalStorage, get_storage
 from optuna.storages.journal import JournalFileBackend
@@ -91,11 +90,6 @@ def trial_summary(trial: FrozenTrial) -> dict[str, Any]:
         if key in trial.user_attrs:
             summary[key] = trial.user_attrs[key]
     return summary
-
-
-def write_yaml(path: Path, content: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(content, sort_keys=False, width=float("inf")))
 
 
 def _alive(pid: int) -> bool:
