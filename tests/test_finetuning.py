@@ -65,10 +65,13 @@ def test_image_folder_size_and_statistics_follow_a_pretrained_net(
 
 def test_an_image_folder_trains_a_timm_backbone_from_config(compose_config, tmp_path: Path) -> None:
     root = make_folder(tmp_path / "images", per_class=8)
+    weights = tmp_path / "pretrained.pth"
+    torch.save(timm.create_model(TINY).state_dict(), weights)
     cfg = compose_config(
         "data=image_folder", f"data.path={root}", "data.image_size=16", "data.batch_size=8",
         "data.num_workers=0", "model=timm", f"model.net.name={TINY}", "trainer=cpu",
-        "trainer.max_epochs=1", "model.backbone_lr_ratio=0.25", *QUIET,
+        f"model.net.pretrained_file={weights}", "data.mean=[0.5,0.5,0.5]",
+        "data.std=[0.5,0.5,0.5]", "trainer.max_epochs=1", "model.backbone_lr_ratio=0.25", *QUIET,
     )  # fmt: skip
     run(cfg)
     with open(Path(cfg.paths.output_dir) / "csv" / "metrics.csv") as f:
@@ -78,8 +81,13 @@ def test_an_image_folder_trains_a_timm_backbone_from_config(compose_config, tmp_
         for r in rows
     )
     assert any(float(r["lr-AdamW/head"]) > 0 for r in rows)
-    module, _ = load_module(Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt")
+    # The checkpoint is all a deployment needs: not the file (nor the hub) training started from.
+    weights.unlink()
+    checkpoint = Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"
+    module, saved = load_module(checkpoint)
     assert isinstance(module.net, TimmClassifier)
+    assert saved["config"]["model"]["net"]["pretrained_file"] == str(weights)
+    assert all(torch.equal(v, saved["state_dict"][k]) for k, v in module.state_dict().items())
 
 
 # Fine-tuning mechanics on a plain Trainer: 8x8 random images, 3 classes.
