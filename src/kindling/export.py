@@ -36,6 +36,7 @@ from kindling.data.normalize import to_model_input
 from kindling.garbage_collection import skip_collections_at_exit
 from kindling.known_warnings import ignore_unhelpful_warnings
 from kindling.loading import load_module
+from kindling.modules.classifier import Classifier
 
 log = logging.getLogger("kindling")
 
@@ -63,6 +64,11 @@ def export(args: ExportArgs) -> list[Path]:
     if args.samples < 2:
         raise UserError(f"samples={args.samples}: the check needs at least 2 images.")
     module, checkpoint = load_module(args.ckpt_path)
+    if not isinstance(module, Classifier):
+        raise UserError(
+            f"{args.ckpt_path} holds a {type(module).__name__}: kindling.export exports image "
+            "classifiers (a language model generates with python -m kindling.sample)."
+        )
     facts = consumer_facts(checkpoint, args.ckpt_path)
     stem = Path(args.output) if args.output else Path(args.ckpt_path).with_suffix("")
     stem.parent.mkdir(parents=True, exist_ok=True)
