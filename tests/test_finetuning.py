@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from kindling.callbacks import EMAWeights
 from kindling.config.errors import UserError
+from kindling.config.instantiate import instantiate_group
 from kindling.loading import load_module
 from kindling.models import CNNClassifier, TimmClassifier
 from kindling.modules import Classifier
@@ -61,6 +62,16 @@ def test_image_folder_size_and_statistics_follow_a_pretrained_net(
     given = compose_config(*folder, "model.net.pretrained=true", "data.image_size=32").data
     assert given.image_size == 32  # the data config says otherwise
     assert compose_config(*folder[:2], "model=cnn").data.image_size == 64
+    grey = compose_config(*folder, "model.net.pretrained=true", "data.channels=1").data
+    assert (grey.mean, grey.std) == ([0.5], [0.5])  # one channel: the mean of the three
+
+
+def test_the_ema_option_adds_the_average_to_the_default_callbacks(compose_config) -> None:
+    cfg = compose_config("callbacks=[default,ema]", "callbacks.ema.decay=0.99")
+    callbacks = instantiate_group(cfg.callbacks, "callbacks")
+    (ema,) = [c for c in callbacks if isinstance(c, EMAWeights)]
+    assert (ema.update_every_n_steps, ema.update_starting_at_step) == (1, None)
+    assert len(callbacks) == len(instantiate_group(compose_config().callbacks, "callbacks")) + 1
 
 
 def test_an_image_folder_trains_a_timm_backbone_from_config(compose_config, tmp_path: Path) -> None:
