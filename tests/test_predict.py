@@ -92,6 +92,8 @@ def test_command_line_errors_are_short(
         (f"ckpt_path={checkpoint}", "input=nowhere"): "input=nowhere is not a folder",
         ("ckpt_path=missing.ckpt", "input=test"): "missing.ckpt does not exist",
         (f"ckpt_path={checkpoint}", "input=test", "batch_size=many"): "batch_size",
+        (f"ckpt_path={checkpoint}", "input=test", "devices=2"): "input=test is predicted on one",
+        (f"ckpt_path={checkpoint}", "input=test", "devices=0"): "devices=0: give the number",
     }
     monkeypatch.chdir(tmp_path)
     for args, message in cases.items():
