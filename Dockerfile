@@ -15,7 +15,8 @@ WORKDIR /workspace/kindling
 # and torchvision satisfy pyproject.toml, so pip keeps them and their CUDA build.
 COPY pyproject.toml README.md ./
 COPY src ./src
-RUN pip install -e ".[trackers]"
+# export: python -m kindling.export runs in the image too.
+RUN pip install -e ".[trackers,export]"
 COPY . .
 
 ENTRYPOINT ["python", "train.py"]

@@ -53,7 +53,7 @@ def with_data_path(overrides: list[str], folder) -> list[str]:
 def test_every_group_has_options() -> None:
     for group in GROUPS:
         assert options(group), f"configs/{group}/ has no options"
-    assert options("model") == ["cnn", "lstm", "rnn", "transformer"]
+    assert options("model") == ["cnn", "lstm", "rnn", "timm", "transformer"]
     assert options("data") == [
         "cifar10", "digits", "fashion_mnist", "image_folder", "mnist", "streaming"
     ]  # fmt: skip
@@ -95,7 +95,7 @@ def test_model_config_parts_instantiate_on_their_own(compose_config, model: str)
     # The module passes the run's optimizer steps (trainer.estimated_stepping_batches).
     scheduler = instantiate(cfg.model.scheduler)(optimizer=optimizer, total_steps=100)
     assert isinstance(optimizer, torch.optim.Optimizer)
-    assert optimizer.param_groups[0]["lr"] == cfg.model.optimizer.lr
+    assert scheduler.base_lrs == [cfg.model.optimizer.lr]  # the peak (a warmup starts lower)
     assert isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler)
 
 

@@ -92,6 +92,8 @@ def test_command_line_errors_are_short(
         (f"ckpt_path={checkpoint}", "input=nowhere"): "input=nowhere is not a folder",
         ("ckpt_path=missing.ckpt", "input=test"): "missing.ckpt does not exist",
         (f"ckpt_path={checkpoint}", "input=test", "batch_size=many"): "batch_size",
+        (f"ckpt_path={checkpoint}", "input=test", "devices=2"): "input=test is predicted on one",
+        (f"ckpt_path={checkpoint}", "input=test", "devices=0"): "devices=0: give the number",
     }
     monkeypatch.chdir(tmp_path)
     for args, message in cases.items():
@@ -166,3 +168,36 @@ def test_a_pickled_payload_is_refused_without_running(tmp_path: Path, caplog) ->
         predict_command.main([f"ckpt_path={bad}", "input=test"])
     assert "is not a readable checkpoint" in caplog.text
     assert victim.read_text() == "kept"
+
+
+@pytest.mark.slow
+def test_two_processes_write_each_file_once_in_the_folder_s_order(
+    checkpoint: Path, tmp_path: Path
+) -> None:
+    digits = load_digits()
+    folder = tmp_path / "images"
+    (folder / "b").mkdir(parents=True)
+    for i in range(13):  # an odd count: the processes' shares differ
+        pixels = torch.tensor(digits.images[i] * 255 / 16).round().to(torch.uint8)[None]
+        write_png(pixels, str(folder / ("b" if i % 3 else "") / f"digit_{i:02d}.png"))
+    (folder / "b" / "corrupt.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(40)))
+    output = tmp_path / "out" / "p.csv"
+    result = subprocess.run(
+        [*PYTHON, "-m", "kindling.predict", f"ckpt_path={checkpoint}", f"input={folder}",
+         f"output={output}", "devices=2", "accelerator=cpu", "num_workers=0"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "Starting with 2 processes" in result.stderr
+    assert "Predicting" in result.stdout + result.stderr  # the progress bar
+    rows = read_rows(output)
+    files = sorted(str(f) for f in folder.rglob("digit_*.png"))
+    assert [r["file"] for r in rows] == files  # every readable file once, in a stable order
+    assert result.stderr.count(f"Skipped {folder / 'b' / 'corrupt.png'}") == 1
+    assert "1 of 14 files could not be decoded" in result.stderr
+    # The merged file agrees with one process, and no part files are left behind.
+    one = predict(
+        PredictArgs(str(checkpoint), str(folder), str(tmp_path / "one.csv"), num_workers=0)
+    )
+    assert read_rows(one) == rows
+    assert sorted(p.name for p in output.parent.iterdir()) == ["p.csv"]

@@ -23,9 +23,22 @@ def load_module(path: str | Path) -> tuple[L.LightningModule, dict[str, Any]]:
     config = checkpoint["config"]
     # Model and data: what prediction, sampling and export build from a checkpoint.
     check_stored_config({"model": config.get("model"), "data": config.get("data")}, path)
-    module = instantiate(config["model"], _convert_="all")
+    module = instantiate(without_pretrained_weights(config["model"]), _convert_="all")
     module.load_state_dict(without_compile_prefix(checkpoint["state_dict"]))
     return module.eval(), checkpoint
+
+
+# The arguments that make a net fetch its starting weights (model=timm), and what turns that off.
+PRETRAINED_WEIGHTS = {"pretrained": False, "pretrained_file": None}
+
+
+def without_pretrained_weights(model: dict[str, Any]) -> dict[str, Any]:
+    """The model config with its net built from scratch: the checkpoint's weights replace any
+    pretrained ones, so loading needs neither the network nor the file training started from."""
+    net = model.get("net")
+    if not isinstance(net, dict) or not PRETRAINED_WEIGHTS.keys() & net.keys():
+        return model
+    return {**model, "net": {**net, **{k: v for k, v in PRETRAINED_WEIGHTS.items() if k in net}}}
 
 
 # What a checkpoint's stored config may build: kindling's models, modules and data, and the

@@ -3,15 +3,20 @@
     python -m kindling.predict ckpt_path=<file> input=<folder of images> output=predictions.csv
 
 `input=test` (or `val`) predicts that split of the data set the model was trained on instead.
-The CSV has one row per image: file (or index), class (its name when the training data named
-its classes: an image folder's folder names), probability. Files that cannot be decoded are
-named in a warning and left out. The checkpoint holds the
+The CSV has one row per image, in the folder's (sorted) order: file (or index), class (its name
+when the training data named its classes: an image folder's folder names), probability. Files
+that cannot be decoded are named in a warning and left out. `devices=N` predicts a folder on N
+processes (DDP: N GPUs, or N CPU processes where there is no GPU), each on its own share of the
+files; each writes its rows to a part file, and the first merges them into the one CSV. The
+checkpoint holds the
 model's config, its weights and the training set's per-channel statistics, so nothing else is
 needed. The Lightning Trainer places the work (`accelerator=auto`: a GPU when there is one).
 """
 
 import csv
+import json
 import logging
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +25,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
+from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from torch.utils.data import DataLoader, Dataset, default_collate
@@ -44,9 +50,13 @@ class PredictArgs:
     batch_size: int = 256
     num_workers: int | None = None  # decoding processes; null: the CPUs available
     accelerator: str = "auto"  # cpu | gpu | auto
+    devices: int = 1  # processes (one per device) sharing the files of a folder
 
 
-USAGE = "python -m kindling.predict ckpt_path=<file> input=<folder | test | val> output=<csv>"
+USAGE = (
+    "python -m kindling.predict ckpt_path=<file> input=<folder | test | val> output=<csv> "
+    "[devices=N]"
+)
 
 
 class FilesToPredict(Dataset):
@@ -80,10 +90,17 @@ class Standardise:
 
 
 class CollectRows(BasePredictionWriter):
-    """Keep `(index, class, probability)` of each readable image, and the unreadable indices."""
+    """Keep `(index, class, probability)` of each readable image, and the unreadable indices.
 
-    def __init__(self):
+    With several processes each predicts its own share of the files (Lightning's unrepeated
+    distributed sampler: every file once), writes its rows to `parts/rank<N>.json` at the end,
+    and the first process reads every part back: its `rows` and `unreadable` are then the
+    whole folder's, each file once.
+    """
+
+    def __init__(self, parts: Path):
         super().__init__(write_interval="batch")
+        self.parts = parts
         self.rows: list[tuple[int, int, float]] = []
         self.unreadable: list[int] = []
 
@@ -98,6 +115,24 @@ class CollectRows(BasePredictionWriter):
                 self.rows.append((i, c, p))
             else:
                 self.unreadable.append(i)
+
+    def on_predict_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.world_size == 1:
+            return
+        self.parts.mkdir(parents=True, exist_ok=True)
+        part = {"rows": self.rows, "unreadable": self.unreadable}
+        (self.parts / f"rank{trainer.global_rank}.json").write_text(json.dumps(part))
+        trainer.strategy.barrier("predictions written")
+        if trainer.global_rank != 0:
+            return
+        rows: dict[int, tuple[int, int, float]] = {}
+        unreadable: set[int] = set()
+        for rank in range(trainer.world_size):
+            written = json.loads((self.parts / f"rank{rank}.json").read_text())
+            rows.update((row[0], tuple(row)) for row in written["rows"])
+            unreadable.update(written["unreadable"])
+        self.rows, self.unreadable = list(rows.values()), list(unreadable)
+        shutil.rmtree(self.parts)
 
 
 def folder_files(folder: Path) -> list[Path]:
@@ -120,9 +155,16 @@ def predict(args: PredictArgs) -> Path:
     if state.get("mean") is None:
         raise UserError(f"{args.ckpt_path} has no image statistics: retrain with this version.")
     class_names = state.get("classes")
+    if args.devices < 1:
+        raise UserError(f"devices={args.devices}: give the number of processes, 1 or more.")
+    if args.devices > 1 and args.input in ("test", "val"):
+        raise UserError(f"input={args.input} is predicted on one device: set devices=1.")
+    output = Path(args.output)
     trainer = L.Trainer(
-        accelerator=args.accelerator, devices=1, precision=best_precision(args.accelerator),
-        logger=False, enable_progress_bar=False,
+        accelerator=args.accelerator, devices=args.devices,
+        strategy="ddp" if args.devices > 1 else "auto",
+        precision=best_precision(args.accelerator), logger=False, enable_progress_bar=True,
+        enable_model_summary=False,
     )  # fmt: skip
     if args.input in ("test", "val"):
         names, rows = _predict_split(trainer, module, data_cfg, state, args)
@@ -132,18 +174,21 @@ def predict(args: PredictArgs) -> Path:
         loader = DataLoader(
             FilesToPredict(files, data_cfg["image_shape"]),
             batch_size=args.batch_size,
-            num_workers=default_num_workers(1) if args.num_workers is None else args.num_workers,
+            num_workers=(
+                default_num_workers(args.devices) if args.num_workers is None else args.num_workers
+            ),
             collate_fn=Standardise(state["mean"], state["std"]),
         )
-        collect = CollectRows()
+        collect = CollectRows(parts=output.parent / f".{output.name}.parts")
         trainer.callbacks.append(collect)
         trainer.predict(module, dataloaders=loader, return_predictions=False)
+        if trainer.global_rank != 0:  # the first process writes the merged rows
+            return output
         names, rows = [str(f) for f in files], sorted(collect.rows)
         unreadable = [names[i] for i in sorted(collect.unreadable)]
         for name in unreadable:
             log.warning("Skipped %s: not a readable image (corrupt or truncated).", name)
 
-    output = Path(args.output)
     output.parent.mkdir(parents=True, exist_ok=True)
     with open(output, "w", newline="") as f:
         writer = csv.writer(f)
@@ -188,9 +233,11 @@ def main(argv: list[str]) -> None:
             raise UserError(f"{error.msg}. Usage: {USAGE}") from error
         output = predict(args)
     except UserError as error:
-        logging.getLogger("kindling").error("%s", error)
+        if rank_zero_only.rank == 0:  # every process meets the same mistake
+            logging.getLogger("kindling").error("%s", error)
         sys.exit(1)
-    logging.getLogger("kindling").info("Predictions: %s", output)
+    if rank_zero_only.rank == 0:
+        logging.getLogger("kindling").info("Predictions: %s", output)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ MODULES = {
     "continue_metrics": ["ContinueLoggedMetrics"],
     "device_usage": ["DeviceReport"],
     "divergence": ["DivergenceError", "StopOnDivergence"],
+    "ema": ["EMAWeights"],
     "interrupt": ["CheckpointOnInterrupt"],
     "optuna_pruning": ["OptunaPruning"],
     "plots": ["RunPlots"],

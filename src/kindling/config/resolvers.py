@@ -25,6 +25,23 @@ def prepared_value(input_dir: str | None, key: str, storage_options: Any = None)
     return prepared_value(input_dir, key, storage_options)
 
 
+def pretrained_input(key: str, default: Any, *, _root_: Any) -> Any:
+    """`size`, `mean` or `std` of a pretrained timm net's input (`model=timm` with
+    `model.net.pretrained` or a `pretrained_file`), else `default`: the data config's defaults
+    follow the net's pretrained configuration."""
+    net = OmegaConf.select(_root_, "model.net", default=None)
+    if net is None or net.get("_target_") != "kindling.models.TimmClassifier":
+        return default
+    if not (net.get("pretrained") or net.get("pretrained_file")):
+        return default
+    from kindling.models.timm_net import pretrained_input
+
+    value = pretrained_input(net.name, key)
+    if key != "size" and OmegaConf.select(_root_, "data.channels", default=3) == 1:
+        return [sum(value) / len(value)]  # grey images: timm sums the first conv's channels
+    return value
+
+
 # Each run and multirun claims a folder of its own (configs/hydra/default.yaml,
 # kindling/run/run_folder.py); cached, like Hydra's own `now`, so a folder is claimed once.
 OmegaConf.register_new_resolver("run_stamp", run_folder.run_stamp, use_cache=True, replace=True)
@@ -42,5 +59,8 @@ OmegaConf.register_new_resolver("div", lambda a, b: int(a) // int(b), replace=Tr
 # `${best_precision:${trainer.accelerator}}`, and `benchmark: ${not:${trainer.deterministic}}`.
 OmegaConf.register_new_resolver("best_precision", best_precision, replace=True)
 OmegaConf.register_new_resolver("not", lambda value: not value, replace=True)
+# data=image_folder's size and statistics follow a pretrained timm net:
+# `mean: ${pretrained_input:mean,null}`.
+OmegaConf.register_new_resolver("pretrained_input", pretrained_input, replace=True)
 # data=streaming reads its classes and image shape from the prepared copy.
 OmegaConf.register_new_resolver("prepared", prepared_value, replace=True)

@@ -8,6 +8,7 @@ MODULES = {
         "GRULanguageModel", "LSTMLanguageModel", "RNNLanguageModel", "TransformerLanguageModel",
     ],
     "recurrent": ["GRUClassifier", "LSTMClassifier", "RNNClassifier"],
+    "timm_net": ["TimmClassifier"],
     "transformer": ["TransformerClassifier"],
 }  # fmt: skip
 __getattr__, __all__ = lazy_exports(__name__, MODULES)

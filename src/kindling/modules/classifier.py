@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 from torchmetrics import MaxMetric
 
+from kindling.modules.finetuning import drop_backbone_gradients, hold_backbone, parameter_groups
 from kindling.modules.metrics import accuracy, log_epoch_metrics, running_mean
 from kindling.modules.optimization import OptimizerFactory, SchedulerFactory, configure_optimizers
 
@@ -38,6 +39,12 @@ class Classifier(L.LightningModule):
             one zero image through the net at the start of fit and shows each layer's input and
             output sizes and FLOPs (as torch's FlopCounterMode counts them: recurrent layers
             count 0). Left out of compiled runs, where it would cost a compilation of its own.
+        backbone_lr_ratio: the backbone's learning rate as a share of the head's (the
+            optimizer's `lr`): two parameter groups, `backbone` and `head` (the net's `head`
+            submodule). 1: one group of every parameter.
+        freeze_backbone_epochs: for this many first epochs only the head learns: the
+            backbone's gradients are dropped before each optimizer step and its batch norms
+            keep their statistics.
     """
 
     def __init__(
@@ -51,6 +58,8 @@ class Classifier(L.LightningModule):
         compile_mode: str | None = None,
         channels_last: bool = False,
         example_input_shape: Sequence[int] | None = None,
+        backbone_lr_ratio: float = 1.0,
+        freeze_backbone_epochs: int = 0,
     ):
         super().__init__()
         # Only plain values go into checkpoints; the net, optimizer and scheduler come from config.
@@ -79,6 +88,17 @@ class Classifier(L.LightningModule):
         # compiled run load into an uncompiled net and back.
         if self.hparams.compile and stage == "fit":
             self.net.compile(mode=self.hparams.compile_mode)
+
+    def _backbone_frozen(self) -> bool:
+        return self.current_epoch < self.hparams.freeze_backbone_epochs
+
+    def on_train_epoch_start(self) -> None:
+        if self.hparams.freeze_backbone_epochs:
+            hold_backbone(self.net, frozen=self._backbone_frozen())
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self._backbone_frozen():
+            drop_backbone_gradients(self.net)
 
     def _shared_step(
         self, batch: tuple[torch.Tensor, torch.Tensor]
@@ -133,10 +153,16 @@ class Classifier(L.LightningModule):
         return self(images).softmax(dim=-1)
 
     def configure_optimizers(self) -> dict[str, Any]:
+        ratio = self.hparams.backbone_lr_ratio
+        # One group of the parameters the strategy trains (FSDP's flat ones) unless the
+        # backbone learns at its own rate.
+        params = (
+            parameter_groups(self.net, ratio) if ratio != 1 else self.trainer.model.parameters()
+        )
         return configure_optimizers(
             self.optimizer_factory,
             self.scheduler_factory,
-            self.trainer.model.parameters(),
+            params,
             self.trainer,
             interval=self.hparams.scheduler_interval,
         )

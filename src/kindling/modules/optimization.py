@@ -17,6 +17,7 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 
 from kindling.config.errors import UserError
+from kindling.modules.finetuning import scale_group_learning_rates
 
 OptimizerFactory = Callable[..., torch.optim.Optimizer]
 SchedulerFactory = Callable[..., LRScheduler]
@@ -85,15 +86,17 @@ def total_optimizer_steps(trainer: L.Trainer) -> int:
 def configure_optimizers(
     optimizer_factory: OptimizerFactory,
     scheduler_factory: SchedulerFactory | None,
-    params: Iterable[torch.nn.Parameter],
+    params: Iterable[torch.nn.Parameter] | list[dict[str, Any]],
     trainer: L.Trainer,
     interval: str = "epoch",
     monitor: str = "val/loss",
 ) -> dict[str, Any]:
-    """What `LightningModule.configure_optimizers` returns: the optimizer over `params` and,
+    """What `LightningModule.configure_optimizers` returns: the optimizer over `params` (or
+    parameter groups; a group's `lr_ratio` scales the learning rate it starts from) and,
     if there is one, its scheduler stepped every `interval` (`monitor` feeds ReduceLROnPlateau).
     """
     optimizer = optimizer_factory(params=params)
+    scale_group_learning_rates(optimizer)
     if scheduler_factory is None:
         return {"optimizer": optimizer}
     if takes_total_steps(scheduler_factory):

@@ -1,0 +1,114 @@
+"""Exporting a checkpoint to ONNX and torch.export, checked against the checkpoint."""
+
+import json
+import logging
+import subprocess
+from pathlib import Path
+
+import onnx
+import onnxruntime
+import pytest
+import torch
+
+from kindling import export as export_command
+from kindling.config.errors import UserError
+from kindling.export import ExportArgs, export
+from kindling.loading import load_module
+from kindling.train import run
+
+from conftest import PYTHON, QUIET, compose_in
+
+SHORT_RUN = [
+    "trainer=cpu", "trainer.max_epochs=1", "trainer.limit_train_batches=2",
+    "trainer.limit_val_batches=1", "test=false", *QUIET,
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module", params=["transformer", "timm"])
+def family_checkpoint(request, tmp_path_factory) -> Path:
+    """A checkpoint of a Transformer, and of a timm net, after two steps on the digits."""
+    folder = tmp_path_factory.mktemp(request.param)
+    net = ["model.net.name=test_resnet"] if request.param == "timm" else []
+    run(compose_in(folder, f"model={request.param}", *net, *SHORT_RUN))
+    return folder / "run" / "checkpoints" / "last.ckpt"
+
+
+def test_transformer_and_timm_export_and_match_their_checkpoint(
+    family_checkpoint: Path, tmp_path: Path
+) -> None:
+    onnx_file, program_file, facts_file = export(
+        ExportArgs(ckpt_path=str(family_checkpoint), output=str(tmp_path / "model"))
+    )
+    facts = json.loads(facts_file.read_text())
+    assert facts["input_shape"] == ["batch", 1, 8, 8] and len(facts["classes"]) == 10
+    assert len(facts["mean"]) == len(facts["std"]) == 1
+    # The consumer's facts travel inside both files.
+    metadata = {p.key: json.loads(p.value) for p in onnx.load(str(onnx_file)).metadata_props}
+    assert metadata == facts
+    extra = {"kindling.json": ""}
+    program = torch.export.load(program_file, extra_files=extra)
+    assert json.loads(extra["kindling.json"]) == facts
+
+    # Both files compute the checkpoint's logits on a batch size never exported.
+    module, _ = load_module(family_checkpoint)
+    images = torch.randn(3, 1, 8, 8)
+    with torch.no_grad():
+        expected = module(images)
+        assert torch.allclose(program.module()(images), expected, atol=1e-5)
+    session = onnxruntime.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
+    (logits,) = session.run(None, {"images": images.numpy()})
+    assert torch.allclose(torch.from_numpy(logits), expected, atol=1e-4)
+
+
+def test_the_command_exports_the_cnn_and_prints_the_differences(
+    trained_run, tmp_path: Path
+) -> None:
+    result = subprocess.run(
+        [*PYTHON, "-m", "kindling.export", f"ckpt_path={trained_run.best_checkpoint}",
+         f"output={tmp_path / 'cnn'}"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stderr.splitlines() if "largest logit difference" in line]
+    assert [Path(line.split(":")[0]).name for line in lines] == ["cnn.onnx", "cnn.pt2"]
+    assert all("tolerance 1e-04" in line for line in lines)
+    assert {p.name for p in tmp_path.iterdir()} >= {"cnn.onnx", "cnn.pt2", "cnn.json"}
+
+
+def test_an_export_that_computes_something_else_is_refused_in_one_line(
+    trained_run, tmp_path: Path, monkeypatch, caplog
+) -> None:
+    exporter = export_command.EXPORTERS["onnx"]
+
+    def off_by_a_little(*args):
+        runner = exporter(*args)
+        return lambda images: runner(images) + 1e-3
+
+    monkeypatch.setitem(export_command.EXPORTERS, "onnx", off_by_a_little)
+    argv = [f"ckpt_path={trained_run.last_checkpoint}", f"output={tmp_path / 'm'}", "format=onnx"]
+    with pytest.raises(SystemExit) as stopped:
+        export_command.main(argv)
+    assert stopped.value.code == 1
+    (line,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert "The onnx export of this CNNClassifier differs from the checkpoint by 1.00e-03 > " \
+           "tolerance=1e-04" in line, line  # fmt: skip
+    assert not (tmp_path / "m.onnx").exists()
+    # A looser tolerance accepts the same difference.
+    export(ExportArgs(str(trained_run.last_checkpoint), str(tmp_path / "m"), "onnx", 1e-2))
+    assert (tmp_path / "m.onnx").is_file()
+
+
+def test_a_net_the_exporter_cannot_trace_is_one_line(
+    trained_run, tmp_path: Path, monkeypatch
+) -> None:
+    def untraceable(*args, **kwargs):
+        raise RuntimeError("data-dependent control flow\nmore detail")
+
+    monkeypatch.setattr(torch.export, "export", untraceable)
+    args = ExportArgs(str(trained_run.last_checkpoint), str(tmp_path / "m"), "torch_export")
+    with pytest.raises(UserError) as refused:
+        export(args)
+    assert "torch.export cannot export this CNNClassifier: data-dependent control flow. " \
+           "Export with the other format" in str(refused.value)  # fmt: skip
+    with pytest.raises(UserError, match="format=tflite is not one of"):
+        export(ExportArgs(str(trained_run.last_checkpoint), format="tflite"))
