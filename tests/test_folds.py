@@ -5,12 +5,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_image_folder import datamodule, make_folder
 
 from kindling.config.errors import UserError
 from kindling.config.instantiate import build, check_arguments
 from kindling.data import DigitsDataModule
 from kindling.data.folds import fold_split
+
+from test_image_folder import datamodule, make_folder
 
 FOLDS = 5
 

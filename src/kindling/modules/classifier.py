@@ -9,7 +9,6 @@ import torch.nn.functional as F
 from torch import nn
 from torchmetrics import MaxMetric
 
-from kindling.modules.finetuning import drop_backbone_gradients, hold_backbone, parameter_groups
 from kindling.modules.metrics import accuracy, log_epoch_metrics, running_mean
 from kindling.modules.optimization import OptimizerFactory, SchedulerFactory, configure_optimizers
 
@@ -94,10 +93,14 @@ class Classifier(L.LightningModule):
 
     def on_train_epoch_start(self) -> None:
         if self.hparams.freeze_backbone_epochs:
+            from kindling.modules.finetuning import hold_backbone  # fine-tuning runs only
+
             hold_backbone(self.net, frozen=self._backbone_frozen())
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         if self._backbone_frozen():
+            from kindling.modules.finetuning import drop_backbone_gradients
+
             drop_backbone_gradients(self.net)
 
     def _shared_step(
@@ -156,9 +159,11 @@ class Classifier(L.LightningModule):
         ratio = self.hparams.backbone_lr_ratio
         # One group of the parameters the strategy trains (FSDP's flat ones) unless the
         # backbone learns at its own rate.
-        params = (
-            parameter_groups(self.net, ratio) if ratio != 1 else self.trainer.model.parameters()
-        )
+        params = self.trainer.model.parameters()
+        if ratio != 1:
+            from kindling.modules.finetuning import parameter_groups
+
+            params = parameter_groups(self.net, ratio)
         return configure_optimizers(
             self.optimizer_factory,
             self.scheduler_factory,

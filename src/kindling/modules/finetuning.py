@@ -3,7 +3,6 @@ a backbone frozen for the first epochs."""
 
 from collections.abc import Iterator
 
-import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
@@ -62,10 +61,3 @@ def drop_backbone_gradients(net: nn.Module) -> None:
     backbone, _ = backbone_and_head(net)
     for parameter in backbone:
         parameter.grad = None
-
-
-def scale_group_learning_rates(optimizer: torch.optim.Optimizer) -> None:
-    """Each parameter group's `lr` times its `lr_ratio` (if any), before a scheduler takes the
-    groups' learning rates as its peaks."""
-    for group in optimizer.param_groups:
-        group["lr"] = group["lr"] * group.get("lr_ratio", 1.0)

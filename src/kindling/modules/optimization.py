@@ -17,7 +17,6 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 
 from kindling.config.errors import UserError
-from kindling.modules.finetuning import scale_group_learning_rates
 
 OptimizerFactory = Callable[..., torch.optim.Optimizer]
 SchedulerFactory = Callable[..., LRScheduler]
@@ -96,7 +95,10 @@ def configure_optimizers(
     if there is one, its scheduler stepped every `interval` (`monitor` feeds ReduceLROnPlateau).
     """
     optimizer = optimizer_factory(params=params)
-    scale_group_learning_rates(optimizer)
+    # A group's `lr_ratio` (the backbone's, kindling.modules.finetuning) scales its `lr` before
+    # a scheduler takes the groups' learning rates as its peaks.
+    for group in optimizer.param_groups:
+        group["lr"] = group["lr"] * group.get("lr_ratio", 1.0)
     if scheduler_factory is None:
         return {"optimizer": optimizer}
     if takes_total_steps(scheduler_factory):
