@@ -8,6 +8,7 @@ MODULES = {
         "GRULanguageModel", "LSTMLanguageModel", "RNNLanguageModel", "TransformerLanguageModel",
     ],
     "recurrent": ["GRUClassifier", "LSTMClassifier", "RNNClassifier"],
+    "temporal_conv": ["TemporalConvClassifier"],
     "transformer": ["TransformerClassifier"],
 }  # fmt: skip
 __getattr__, __all__ = lazy_exports(__name__, MODULES)
