@@ -9,9 +9,6 @@ import pyarrow.csv
 import pyarrow.parquet
 import pytest
 import torch
-from conftest import QUIET
-from hydra.utils import instantiate
-from omegaconf import open_dict
 
 from kindling.config.errors import UserError
 from kindling.data.sequences import SequenceTableDataModule
@@ -23,6 +20,8 @@ from kindling.models import (
     TransformerClassifier,
 )
 from kindling.train import run
+
+from conftest import QUIET
 
 CLASSES = ("down", "flat", "up")  # what a bump at a random step does to the first feature
 
@@ -168,3 +167,101 @@ def test_images_still_read_row_by_row(family: str) -> None:
         "temporal_conv": TemporalConvClassifier((1, 8, 8), 10),
     }
     assert image_nets[family](torch.randn(2, 1, 8, 8)).shape == (2, 10)
+
+
+# Small nets and few epochs: each run takes a few seconds on two cores.
+SMALL = {
+    "rnn": ["model.net.hidden_size=32", "model.net.bidirectional=true"],
+    "lstm": ["model.net.hidden_size=32"],
+    "gru": ["model.net.hidden_size=32", "model.net.bidirectional=true"],
+    "transformer": ["model.net.d_model=32", "model.net.pooling=mean"],
+    "temporal_conv": ["model.net.channels=[16,32]", "model.net.kernel_sizes=[5,3]"],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", list(SMALL))
+def test_every_family_learns_where_a_pattern_lies(
+    compose_config, tmp_path: Path, model: str
+) -> None:
+    """The class is a bump at a random step of a sequence 5 to 50 steps long: chance is 1/3."""
+    table = write_table(pattern_rows(150, seed=0), tmp_path / "table.parquet")
+    cfg = compose_config(
+        "data=sequences", f"data.path={table}", "data.batch_size=16", f"model={model}",
+        *SMALL[model], "model.optimizer.lr=0.003", "trainer=cpu", "trainer.max_epochs=12",
+        "callbacks.early_stopping=null", "callbacks.plots=null", *QUIET,
+    )  # fmt: skip
+    assert cfg.model.net.num_features == 3 and cfg.model.num_classes == 3  # read from the table
+    run(cfg)
+    with open(Path(cfg.paths.output_dir) / "csv" / "metrics.csv") as f:
+        (tested,) = [row for row in csv.DictReader(f) if row.get("test/acc")]
+    assert float(tested["test/acc"]) >= 0.9
+
+
+def small_rows() -> list[dict]:
+    """Nine sequences of three classes, ten steps each, in file order."""
+    return [row for row in pattern_rows(9, seed=2, lengths=(10, 10))]
+
+
+def refused(rows: list[dict], tmp_path: Path, suffix: str = ".csv", **options) -> str:
+    with pytest.raises(UserError) as error:
+        data_module(write_table(rows, tmp_path / f"table{suffix}"), **options)
+    message = str(error.value)
+    assert "\n" not in message
+    return message
+
+
+def test_a_sequence_whose_rows_disagree_on_its_label(tmp_path: Path) -> None:
+    rows = sorted(small_rows(), key=lambda row: (row["id"], row["time"]))
+    rows[4]["label"] = "up" if rows[4]["label"] != "up" else "down"
+    message = refused(rows, tmp_path)
+    assert "sequence 's0' has rows with labels" in message and "(rows 1 and 5)" in message
+
+
+@pytest.mark.parametrize("column", ["id", "label"])
+def test_no_id_or_label_column(tmp_path: Path, column: str) -> None:
+    rows = [{k: v for k, v in row.items() if k != column} for row in small_rows()]
+    message = refused(rows, tmp_path)
+    assert f"no column {column!r}" in message and f"data.{column}_column=" in message
+
+
+def test_a_feature_value_that_is_not_a_number(tmp_path: Path) -> None:
+    rows = [{**row, "y": str(row["y"])} for row in small_rows()]  # a column of text
+    rows[6]["y"] = "n/a?"
+    assert "column 'y' row 7 holds 'n/a?', not a number" in refused(rows, tmp_path)
+
+
+def test_an_empty_sequence(tmp_path: Path) -> None:
+    rows = [*small_rows(), {"id": "blank", "time": 0, "label": "up", "x": None, "y": None,
+                            "z": None}]  # fmt: skip
+    assert "sequence 'blank' is empty (rows [91]" in refused(rows, tmp_path, ".parquet")
+
+
+def test_missing_values_are_refused_or_filled_with_the_training_mean(tmp_path: Path) -> None:
+    rows = small_rows()
+    rows[12]["x"] = float("nan")
+    message = refused(rows, tmp_path, ".parquet")
+    assert "column 'x' row 13 is empty or NaN" in message and "data.missing=mean" in message
+    rows[12]["x"] = None  # an empty CSV cell
+    module = data_module(write_table(rows, tmp_path / "filled.csv"), missing="mean")
+    steps = torch.cat([s for split in (module.data_train, module.data_val, module.data_test)
+                       for s, _ in split])  # fmt: skip
+    assert not steps.isnan().any()
+    assert (steps[:, 0] == 0).sum() == 1  # the training mean, standardised
+
+
+@pytest.mark.parametrize("split", ["val", "test"])
+def test_a_class_that_train_lacks(tmp_path: Path, split: str) -> None:
+    rows = with_splits(pattern_rows(15, seed=3))
+    for row in rows:
+        if row["id"] == {"test": "s0", "val": "s1"}[split]:  # a class of its own
+            row["label"] = "spike"
+    message = refused(rows, tmp_path)
+    assert f"class 'spike' is in the {split} split but not in train" in message
+
+
+def test_a_table_with_no_rows(tmp_path: Path) -> None:
+    assert "has no rows" in refused([], tmp_path)
+    (tmp_path / "nothing.csv").write_text("")
+    with pytest.raises(UserError, match="is empty: it has no header and no rows"):
+        data_module(tmp_path / "nothing.csv")

@@ -42,8 +42,9 @@ def stratified_holdout(
     labels: torch.Tensor, fraction: float, seed: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`(rest, held out)` indices: the held-out part is fold 0 of `round(1 / fraction)`
-    stratified, seeded folds (kindling.data.folds), so each class keeps its share."""
-    return fold_split(labels, max(2, round(1 / fraction)), 0, seed)
+    stratified, seeded folds (kindling.data.folds), so each class keeps its share; at least one
+    sequence is held out of a set smaller than that many folds."""
+    return fold_split(labels, max(2, min(round(1 / fraction), len(labels))), 0, seed)
 
 
 class SequenceTableDataModule(SplitDataModule):

@@ -65,7 +65,8 @@ class TemporalConvClassifier(nn.Module):
             )
         widths = [step_features(image_shape, num_features), *channels]
         self.blocks = nn.ModuleList(
-            ConvBlock(c_in, c_out, k) for (c_in, c_out), k in zip(pairwise(widths), kernel_sizes, strict=True)
+            ConvBlock(c_in, c_out, k)
+            for (c_in, c_out), k in zip(pairwise(widths), kernel_sizes, strict=True)
         )
         self.head = nn.Sequential(nn.Dropout(dropout), nn.Linear(widths[-1], num_classes))
 

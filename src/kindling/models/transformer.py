@@ -1,4 +1,4 @@
-"""Transformer encoder classifier: image rows, or the steps of variable-length sequences, as tokens."""
+"""Transformer encoder classifier: image rows, or steps of variable-length sequences, as tokens."""
 
 from collections.abc import Sequence
 from typing import Literal
@@ -6,7 +6,13 @@ from typing import Literal
 import torch
 from torch import nn
 
-from kindling.models.blocks import TransformerBlock, as_steps, masked_mean, real_steps, step_features
+from kindling.models.blocks import (
+    TransformerBlock,
+    as_steps,
+    masked_mean,
+    real_steps,
+    step_features,
+)
 
 
 class TransformerClassifier(nn.Module):
