@@ -173,7 +173,7 @@ def test_images_still_read_row_by_row(family: str) -> None:
 SMALL = {
     "rnn": ["model.net.hidden_size=32", "model.net.bidirectional=true"],
     "lstm": ["model.net.hidden_size=32"],
-    "gru": ["model.net.hidden_size=32", "model.net.bidirectional=true"],
+    "gru": ["model.net.hidden_size=32", "model.net.bidirectional=true", "data.bucket=true"],
     "transformer": ["model.net.d_model=32", "model.net.pooling=mean"],
     "temporal_conv": ["model.net.channels=[16,32]", "model.net.kernel_sizes=[5,3]"],
 }

@@ -9,7 +9,11 @@ from torch.utils.data import Dataset
 
 from kindling.config.errors import UserError
 from kindling.data.folds import check_folds, fold_split
-from kindling.data.loaders import SplitDataModule, per_device_batch_size
+from kindling.data.loaders import (
+    ResumableDistributedSampler,
+    SplitDataModule,
+    per_device_batch_size,
+)
 from kindling.data.sequence_table import Columns, SequenceTable, read_sequence_table
 
 log = logging.getLogger(__name__)
@@ -68,6 +72,8 @@ class SequenceTableDataModule(SplitDataModule):
         seed: seed of the carved splits and folds.
         folds, fold: k-fold cross-validation of train (without a val split in the table).
         batch_size, num_workers, pin_memory, persistent_workers, shuffle_seed: as for every set.
+        bucket: training batches of similar lengths (kindling.data.buckets): less padding; each
+            epoch is still every training sequence once, in a seeded random draw.
     """
 
     def __init__(
@@ -91,6 +97,7 @@ class SequenceTableDataModule(SplitDataModule):
         pin_memory: bool = True,
         persistent_workers: bool = True,
         shuffle_seed: int | None = None,
+        bucket: bool = False,
     ):
         super().__init__()
         self.save_hyperparameters(logger=False)
@@ -192,6 +199,17 @@ class SequenceTableDataModule(SplitDataModule):
                     f"data.{name}={expected} but data.path={hp.path} has {found}. Leave "
                     f"data.{name} out: it is read from the table."
                 )
+
+    def training_sampler(
+        self, dataset: Dataset, world_size: int, rank: int, seed: int
+    ) -> ResumableDistributedSampler:
+        if not self.hparams.bucket:
+            return super().training_sampler(dataset, world_size, rank, seed)
+        from kindling.data.buckets import LengthBucketSampler  # only when bucketing
+
+        lengths = [len(sequence) for sequence in dataset.sequences]
+        batch_size = self.batch_size_per_device
+        return LengthBucketSampler(dataset, world_size, rank, seed, lengths, batch_size)
 
     def state_dict(self) -> dict[str, Any]:
         # Lightning stores this in every checkpoint: prediction needs no training data.
