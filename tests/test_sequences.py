@@ -260,6 +260,12 @@ def test_a_class_that_train_lacks(tmp_path: Path, split: str) -> None:
     assert f"class 'spike' is in the {split} split but not in train" in message
 
 
+def test_counts_that_disagree_with_the_table(tmp_path: Path) -> None:
+    rows = small_rows()
+    assert "data.num_classes=4 but" in refused(rows, tmp_path, num_classes=4)
+    assert "has a sequence of 10 steps" in refused(rows, tmp_path, max_length=9)
+
+
 def test_a_table_with_no_rows(tmp_path: Path) -> None:
     assert "has no rows" in refused([], tmp_path)
     (tmp_path / "nothing.csv").write_text("")

@@ -190,6 +190,12 @@ class SequenceTableDataModule(SplitDataModule):
                 f"data.path={hp.path} has the classes {', '.join(table.classes)}, but the "
                 f"checkpoint was trained on {', '.join(self.classes)}."
             )
+        longest = max(len(sequence) for sequence in table.sequences)
+        if hp.max_length is not None and longest > hp.max_length:
+            raise UserError(
+                f"data.max_length={hp.max_length} but data.path={hp.path} has a sequence of "
+                f"{longest} steps. Leave data.max_length out: it is read from the table."
+            )
         for name, expected, found in (
             ("num_classes", hp.num_classes, len(table.classes)),
             ("num_features", hp.num_features, len(table.features)),
