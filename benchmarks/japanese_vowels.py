@@ -44,9 +44,13 @@ def test_accuracies(table: Path, seeds: list[int], overrides: list[str]) -> list
             ]  # fmt: skip
             subprocess.run(command, check=True, capture_output=True, cwd=ROOT)
             with open(run_dir / "csv" / "metrics.csv") as f:
-                (tested,) = [row for row in csv.DictReader(f) if row.get("test/acc")]
+                rows = list(csv.DictReader(f))
+            (tested,) = [row for row in rows if row.get("test/acc")]
             accuracies.append(float(tested["test/acc"]))
-            print(f"seed {seed}: test/acc {accuracies[-1]:.4f}", flush=True)
+            epochs = 1 + max(int(row["epoch"]) for row in rows if row.get("val/acc"))
+            (checkpoint,) = (run_dir / "checkpoints").glob("epoch_*.ckpt")
+            print(f"seed {seed}: test/acc {accuracies[-1]:.4f} ({epochs} epochs trained, "
+                  f"tested {checkpoint.name})", flush=True)  # fmt: skip
     return accuracies
 
 
