@@ -271,3 +271,13 @@ def test_a_table_with_no_rows(tmp_path: Path) -> None:
     (tmp_path / "nothing.csv").write_text("")
     with pytest.raises(UserError, match="is empty: it has no header and no rows"):
         data_module(tmp_path / "nothing.csv")
+
+
+def test_predict_step_passes_the_lengths(tmp_path: Path) -> None:
+    from kindling.modules import Classifier
+
+    net = LSTMClassifier(None, 3, hidden_size=8, num_features=FEATURES)
+    module = Classifier(net, 3, optimizer=torch.optim.AdamW).eval()
+    steps, lengths = torch.randn(2, 6, FEATURES), torch.tensor([6, 2])
+    probabilities = module.predict_step((steps, lengths, torch.tensor([0, 1])), 0)
+    torch.testing.assert_close(probabilities, net(steps, lengths).softmax(dim=-1))

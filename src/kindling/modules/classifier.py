@@ -134,12 +134,13 @@ class Classifier(L.LightningModule):
         log_epoch_metrics(self, metrics, prog_bar=False)
 
     def predict_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        """Class probabilities `(B, num_classes)`; a batch is images, (images, labels), or
-        (sequences, lengths, labels)."""
+        """Class probabilities `(B, num_classes)`; a batch is images, or a tuple that starts with
+        images `(B, C, H, W)`, or with padded sequences `(B, T, F)` and their lengths."""
         if not isinstance(batch, list | tuple):
             return self(batch).softmax(dim=-1)
-        inputs = batch[:2] if len(batch) == 3 else batch[:1]
-        return self(*inputs).softmax(dim=-1)
+        if batch[0].dim() == 3:
+            return self(batch[0], batch[1]).softmax(dim=-1)
+        return self(batch[0]).softmax(dim=-1)
 
     def configure_optimizers(self) -> dict[str, Any]:
         return configure_optimizers(
