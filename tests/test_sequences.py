@@ -120,6 +120,13 @@ def test_statistics_come_from_the_training_split_alone(tmp_path: Path) -> None:
     restored.load_state_dict(module.state_dict())
     assert torch.equal(restored.mean, module.mean)
     assert restored.classes == list(CLASSES)
+    # Loaded after setup on another table (as Lightning does when testing a checkpoint): the
+    # checkpoint's statistics, not the other table's, standardise what is served.
+    other = data_module(write_table(pattern_rows(30, seed=5), tmp_path / "other.csv"))
+    raw = other.data_test.sequences[0]
+    other.load_state_dict(module.state_dict())
+    steps, _ = other.data_test[0]
+    torch.testing.assert_close(steps, (raw - module.mean) / module.std)
 
 
 FEATURES = 3

@@ -23,16 +23,28 @@ SequenceBatch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 class Sequences(Dataset):
-    """Sequences `(T_i, F)` and their class indices; `collate` pads a batch of them."""
+    """Sequences `(T_i, F)` as the table holds them and their class indices, served standardised
+    with `mean` and `std` (`(F,)`; a missing value becomes the mean: 0); `collate` pads a batch.
 
-    def __init__(self, sequences: list[torch.Tensor], labels: torch.Tensor):
+    Standardised as served, not once: a checkpoint's statistics, loaded after `setup`, apply.
+    """
+
+    def __init__(
+        self,
+        sequences: list[torch.Tensor],
+        labels: torch.Tensor,
+        mean: torch.Tensor,
+        std: torch.Tensor,
+    ):
         self.sequences, self.labels = sequences, labels
+        self.mean, self.std = mean, std
 
     def __len__(self) -> int:
         return len(self.sequences)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.sequences[index], self.labels[index]
+        steps = ((self.sequences[index] - self.mean) / self.std).nan_to_num(0.0)
+        return steps, self.labels[index]
 
     @staticmethod
     def collate(samples: list[tuple[torch.Tensor, torch.Tensor]]) -> SequenceBatch:
@@ -132,8 +144,10 @@ class SequenceTableDataModule(SplitDataModule):
         self.classes, self.features = table.classes, table.features
         datasets = {
             name: Sequences(
-                [self.standardise(table.sequences[i]) for i in indices.tolist()],
+                [table.sequences[i] for i in indices.tolist()],
                 table.labels[indices],
+                self.mean,
+                self.std,
             )
             for name, indices in splits.items()
         }
@@ -144,11 +158,6 @@ class SequenceTableDataModule(SplitDataModule):
             "%s: %d classes, %d features, lengths %d-%d; sequences: %s.",
             hp.path, len(table.classes), len(table.features), min(lengths), max(lengths), counts,
         )  # fmt: skip
-
-    def standardise(self, steps: torch.Tensor) -> torch.Tensor:
-        """Steps `(T, F)` as the table holds them -> what the model was trained on (a missing
-        value, where `missing=mean` lets one through, becomes the training mean: 0)."""
-        return ((steps - self.mean) / self.std).nan_to_num(0.0)
 
     def _splits(self, table: SequenceTable) -> dict[str, torch.Tensor]:
         hp = self.hparams
@@ -224,5 +233,9 @@ class SequenceTableDataModule(SplitDataModule):
         }  # fmt: skip
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        # Lightning loads a checkpoint's state after `setup`: the splits serve its statistics.
         self.mean, self.std = state_dict["mean"], state_dict["std"]
         self.classes, self.features = state_dict["classes"], state_dict["features"]
+        for split in (self.data_train, self.data_val, self.data_test):
+            if split is not None:
+                split.mean, split.std = self.mean, self.std
