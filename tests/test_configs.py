@@ -39,12 +39,18 @@ def image_folder(tmp_path):
     description = {"format": FORMAT, "complete": True, "classes": ["cat", "dog"],
                    "image_shape": [3, 4, 4]}  # fmt: skip
     (tmp_path / "images" / METADATA_FILE).write_text(json.dumps(description))
+    # data=sequences: a long table beside it, two sequences of each of two classes.
+    rows = [f"s{n},{t},{'ab'[n % 2]},{t * n}.5,1" for n in range(4) for t in range(n + 2)]
+    (tmp_path / "sequences.csv").write_text("\n".join(["id,time,label,x,y", *rows]) + "\n")
     return tmp_path / "images"
 
 
 def with_data_path(overrides: list[str], folder) -> list[str]:
-    """data=image_folder needs data.path (its class count is read from the folder), and
-    data=streaming data.input_dir (a prepared copy's description)."""
+    """data=image_folder needs data.path (its class count is read from the folder),
+    data=sequences a table beside it, and data=streaming data.input_dir (a prepared copy's
+    description)."""
+    if "data=sequences" in overrides:
+        return [*overrides, f"data.path={folder.parent / 'sequences.csv'}"]
     if "data=streaming" in overrides:
         return [*overrides, f"data.input_dir={folder}"]
     return [*overrides, f"data.path={folder}"] if "data=image_folder" in overrides else overrides
@@ -53,9 +59,11 @@ def with_data_path(overrides: list[str], folder) -> list[str]:
 def test_every_group_has_options() -> None:
     for group in GROUPS:
         assert options(group), f"configs/{group}/ has no options"
-    assert options("model") == ["cnn", "lstm", "rnn", "timm", "transformer"]
+    assert options("model") == [
+        "cnn", "gru", "lstm", "rnn", "temporal_conv", "timm", "transformer"
+    ]  # fmt: skip
     assert options("data") == [
-        "cifar10", "digits", "fashion_mnist", "image_folder", "mnist", "streaming"
+        "cifar10", "digits", "fashion_mnist", "image_folder", "mnist", "sequences", "streaming"
     ]  # fmt: skip
     assert options("data/augment") == ["crop", "flip_crop", "none", "trivial_augment"]
     assert {"default", "cpu", "gpu", "ddp", "ddp_cpu", "mps"} <= set(options("trainer"))
@@ -75,11 +83,18 @@ def test_option_composes_and_resolves(compose_config, image_folder, override: st
 def test_model_and_data_build_from_config(
     compose_config, image_folder, model: str, data: str
 ) -> None:
+    if (model, data) == ("cnn", "sequences"):
+        pytest.skip("a 2-D CNN reads images; sequences go to the other families")
     cfg = compose_config(*with_data_path([f"model={model}", f"data={data}"], image_folder))
     datamodule = instantiate(cfg.data, _convert_="all")
     module = instantiate(cfg.model, _convert_="all")
     assert isinstance(datamodule, SplitDataModule)
     assert isinstance(module, Classifier)
+    if data == "sequences":  # features and classes are read from the table
+        assert (cfg.model.net.num_features, cfg.model.net.num_classes) == (2, 2)
+        logits = module(torch.randn(2, 5, 2), torch.tensor([5, 3]))
+        assert logits.shape == (2, 2)
+        return
     # Shape and class count are typed once, in the data config.
     image_shape = list(cfg.data.image_shape)
     assert list(cfg.model.net.image_shape) == image_shape

@@ -193,9 +193,9 @@ class RunPlots(Callback):
             preds, targets = outputs["preds"], outputs["targets"]
         else:
             # The module's test_step returns nothing: predict again, in the run's precision.
-            inputs, targets = batch
+            *inputs, targets = batch  # (images, labels) or (sequences, lengths, labels)
             with trainer.precision_plugin.forward_context():
-                preds = pl_module(inputs).argmax(dim=1)
+                preds = pl_module(*inputs).argmax(dim=1)
         self._test_confmat.update(preds, targets)
 
     def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -19,6 +19,12 @@ def class_count(path: str | None) -> int:
     return class_count(path)
 
 
+def sequence_table(key: str, *, _parent_: Any) -> int:
+    from kindling.data.sequence_table import table_value
+
+    return table_value(key, _parent_=_parent_)
+
+
 def prepared_value(input_dir: str | None, key: str, storage_options: Any = None) -> int:
     from kindling.data.prepared import prepared_value
 
@@ -55,6 +61,8 @@ OmegaConf.register_new_resolver("job_device", hydra_ddp.job_device, replace=True
 # group pads crops by an eighth of the image size: `${div:${data.image_shape.1},8}`.
 OmegaConf.register_new_resolver("class_count", class_count, replace=True)
 OmegaConf.register_new_resolver("div", lambda a, b: int(a) // int(b), replace=True)
+# data=sequences reads its feature and class counts from the table: `${sequence_table:num_classes}`.
+OmegaConf.register_new_resolver("sequence_table", sequence_table, replace=True)
 # The GPU defaults of configs/trainer/default.yaml: the device's best precision,
 # `${best_precision:${trainer.accelerator}}`, and `benchmark: ${not:${trainer.deterministic}}`.
 OmegaConf.register_new_resolver("best_precision", best_precision, replace=True)

@@ -6,6 +6,7 @@ MODULES = {
     "digits": ["DigitsDataModule"],
     "image": ["InMemoryImageDataModule"],
     "image_folder": ["ImageFolderDataModule"],
+    "sequences": ["SequenceTableDataModule"],
     "text": ["CharTextDataModule"],
     "torchvision_datasets": ["CIFAR10DataModule", "FashionMNISTDataModule", "MNISTDataModule"],
 }

@@ -60,9 +60,13 @@ class ResumableDistributedSampler(DistributedSampler):
             skip = self._resume_at[1]
         self._resume_at = None
         self.served = skip
-        for index in itertools.islice(super().__iter__(), skip, None):
+        for index in itertools.islice(self.epoch_order(), skip, None):
             self.served += 1
             yield index
+
+    def epoch_order(self) -> Iterator[int]:
+        """This process's samples of the epoch, in the order served (a subclass may reorder)."""
+        return super().__iter__()
 
     def state_dict(self) -> dict[str, int]:
         return {"seed": self.seed, "epoch": self.epoch, "served": self.served}
@@ -112,6 +116,12 @@ class SplitDataModule(L.LightningDataModule):
             return self.hparams.num_workers
         return default_num_workers(self.trainer.num_devices if self.trainer is not None else 1)
 
+    def training_sampler(
+        self, dataset: Dataset, world_size: int, rank: int, seed: int
+    ) -> ResumableDistributedSampler:
+        """The order of training samples (a data module may batch similar samples together)."""
+        return ResumableDistributedSampler(dataset, world_size, rank, seed)
+
     def _loader(
         self,
         dataset: Dataset | None,
@@ -130,7 +140,7 @@ class SplitDataModule(L.LightningDataModule):
             # Lightning keeps a DistributedSampler it is given (and calls its set_epoch). Shifted:
             # seed 1's second epoch is not seed 2's first (the sampler adds the epoch).
             seed = self.shuffle_seed << 20
-            sampler, shuffle = ResumableDistributedSampler(dataset, world_size, rank, seed), False
+            sampler, shuffle = self.training_sampler(dataset, world_size, rank, seed), False
             # Worker seeds come from the loader's own generator, not torch's global one: a
             # resumed run's dropout draws do not depend on when its loaders were made.
             generator = torch.Generator().manual_seed(sampler.seed)

@@ -8,6 +8,7 @@ MODULES = {
         "GRULanguageModel", "LSTMLanguageModel", "RNNLanguageModel", "TransformerLanguageModel",
     ],
     "recurrent": ["GRUClassifier", "LSTMClassifier", "RNNClassifier"],
+    "temporal_conv": ["TemporalConvClassifier"],
     "timm_net": ["TimmClassifier"],
     "transformer": ["TransformerClassifier"],
 }  # fmt: skip

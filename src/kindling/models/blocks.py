@@ -1,5 +1,7 @@
 """Building blocks shared by the models."""
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -9,6 +11,39 @@ def image_to_sequence(images: torch.Tensor) -> torch.Tensor:
     """Read a batch of images `(B, C, H, W)` as sequences `(B, H, C*W)`: one time step per row."""
     batch, channels, height, width = images.shape
     return images.permute(0, 2, 1, 3).reshape(batch, height, channels * width)
+
+
+def as_steps(inputs: torch.Tensor) -> torch.Tensor:
+    """Images `(B, C, H, W)` read row by row, or sequences `(B, T, F)` as they are."""
+    return image_to_sequence(inputs) if inputs.dim() == 4 else inputs
+
+
+def step_features(image_shape: Sequence[int] | None, num_features: int | None) -> int:
+    """Features per time step: `C*W` of an image's rows, or a sequence's `num_features`."""
+    if (image_shape is None) == (num_features is None):
+        raise ValueError(
+            "give image_shape (images, read row by row) or num_features (sequences), not both"
+        )
+    if image_shape is not None:
+        channels, _height, width = image_shape
+        return channels * width
+    return num_features
+
+
+def real_steps(lengths: torch.Tensor | None, steps: torch.Tensor) -> torch.Tensor | None:
+    """`(B, T)` True at each sequence's real steps, False at padding; None without lengths."""
+    if lengths is None:
+        return None
+    positions = torch.arange(steps.shape[1], device=steps.device)
+    return positions < lengths.to(steps.device)[:, None]
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """The mean of `x` `(B, T, D)` over the real steps of each sequence: `(B, D)`."""
+    if mask is None:
+        return x.mean(dim=1)
+    weights = mask.unsqueeze(-1).to(x.dtype)
+    return (x * weights).sum(dim=1) / weights.sum(dim=1)
 
 
 class SelfAttention(nn.Module):
@@ -25,12 +60,19 @@ class SelfAttention(nn.Module):
         self.proj = nn.Linear(d_model, d_model)
         self.proj_dropout = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, keys: torch.Tensor | None = None) -> torch.Tensor:
+        """`keys`: `(B, L)` True where a token may be attended to (padding is not)."""
         batch, length, width = x.shape
         # (B, L, 3, heads, head_dim) -> three tensors of (B, heads, L, head_dim)
         q, k, v = self.qkv(x).view(batch, length, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)
+        mask = None if keys is None else keys[:, None, None, :]  # every head, every query
         y = F.scaled_dot_product_attention(
-            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=self.causal
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            dropout_p=self.dropout if self.training else 0.0,
+            is_causal=self.causal,
         )
         y = y.transpose(1, 2).reshape(batch, length, width)
         return self.proj_dropout(self.proj(y))
@@ -59,6 +101,6 @@ class TransformerBlock(nn.Module):
             nn.Dropout(dropout),
         )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x))
+    def forward(self, x: torch.Tensor, keys: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), keys)
         return x + self.mlp(self.mlp_norm(x))

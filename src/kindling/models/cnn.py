@@ -6,6 +6,8 @@ from itertools import pairwise
 import torch
 from torch import nn
 
+from kindling.config.errors import UserError
+
 
 def conv_block(in_channels: int, out_channels: int, dropout: float) -> nn.Sequential:
     """Two 3x3 conv + batch norm + ReLU layers, then 2x2 max pooling and dropout."""
@@ -31,12 +33,17 @@ class CNNClassifier(nn.Module):
 
     def __init__(
         self,
-        image_shape: Sequence[int],
+        image_shape: Sequence[int] | None,
         num_classes: int,
         channels: Sequence[int] = (32, 64),
         dropout: float = 0.1,
     ):
         super().__init__()
+        if image_shape is None:
+            raise UserError(
+                "model=cnn reads images, and this data set has none (no data.image_shape). For "
+                "sequences choose model=lstm, gru, rnn, transformer or temporal_conv."
+            )
         widths = [image_shape[0], *channels]
         self.features = nn.Sequential(
             *(conv_block(c_in, c_out, dropout) for c_in, c_out in pairwise(widths))

@@ -1,36 +1,40 @@
-"""Recurrent image classifiers: an image is read row by row, one time step per row."""
+"""Recurrent classifiers: an image read row by row, or sequences of different lengths."""
 
 from collections.abc import Sequence
 from typing import ClassVar
 
 import torch
 from torch import nn
+from torch.nn.utils.rnn import pack_padded_sequence
 
-from kindling.models.blocks import image_to_sequence
+from kindling.models.blocks import as_steps, step_features
 
 
 class RecurrentClassifier(nn.Module):
     """A stack of `nn.RNN` / `nn.LSTM` / `nn.GRU` layers and a linear head on the last hidden state.
 
-    Takes images `(B, C, H, W)`, reads them as sequences `(B, H, C*W)`, returns `(B, num_classes)`.
-    Subclasses choose the cell.
+    Takes images `(B, C, H, W)` (read as sequences `(B, H, C*W)`; give `image_shape`) or padded
+    sequences `(B, T, F)` with their `lengths` (give `num_features`); returns `(B, num_classes)`.
+    Sequences are packed, so the last hidden state is each one's last real step (and, when
+    bidirectional, the backward direction's state after reading back to its first step): padding
+    never enters the recurrence. Subclasses choose the cell.
     """
 
     cell: ClassVar[type[nn.RNNBase]]
 
     def __init__(
         self,
-        image_shape: Sequence[int],
+        image_shape: Sequence[int] | None,
         num_classes: int,
         hidden_size: int = 128,
         num_layers: int = 2,
         dropout: float = 0.1,
         bidirectional: bool = False,
+        num_features: int | None = None,
     ):
         super().__init__()
-        channels, _height, width = image_shape
         self.rnn = self.cell(
-            channels * width,
+            step_features(image_shape, num_features),
             hidden_size,
             num_layers=num_layers,
             # nn.RNNBase applies dropout between layers only, and warns when there is one layer.
@@ -43,8 +47,14 @@ class RecurrentClassifier(nn.Module):
             nn.Dropout(dropout), nn.Linear(directions * hidden_size, num_classes)
         )
 
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        _, hidden = self.rnn(image_to_sequence(images))
+    def forward(self, inputs: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
+        steps = as_steps(inputs)
+        if lengths is not None:
+            # pack_padded_sequence takes the lengths on the CPU; h_n comes back in batch order.
+            steps = pack_padded_sequence(
+                steps, lengths.cpu(), batch_first=True, enforce_sorted=False
+            )
+        _, hidden = self.rnn(steps)
         if isinstance(hidden, tuple):  # LSTM returns (h_n, c_n)
             hidden = hidden[0]
         # h_n is (layers * directions, B, hidden): keep the last layer, both directions.

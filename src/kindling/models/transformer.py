@@ -1,4 +1,4 @@
-"""Transformer encoder image classifier: each image row is a token."""
+"""Transformer encoder classifier: image rows, or steps of variable-length sequences, as tokens."""
 
 from collections.abc import Sequence
 from typing import Literal
@@ -6,19 +6,27 @@ from typing import Literal
 import torch
 from torch import nn
 
-from kindling.models.blocks import TransformerBlock, image_to_sequence
+from kindling.models.blocks import (
+    TransformerBlock,
+    as_steps,
+    masked_mean,
+    real_steps,
+    step_features,
+)
 
 
 class TransformerClassifier(nn.Module):
-    """Row tokens, learned positions, pre-norm encoder blocks, class-token or mean pooling.
+    """Step tokens, learned positions, pre-norm encoder blocks, class-token or mean pooling.
 
-    Takes images `(B, C, H, W)`, reads them as `H` tokens of `C*W` features, returns
-    `(B, num_classes)`.
+    Takes images `(B, C, H, W)` (`H` tokens of `C*W` features; give `image_shape`) or padded
+    sequences `(B, T, F)` with their `lengths` (give `num_features` and `max_length`, the longest
+    sequence it will see); returns `(B, num_classes)`. With lengths, no token attends to padding
+    and mean pooling averages real steps only.
     """
 
     def __init__(
         self,
-        image_shape: Sequence[int],
+        image_shape: Sequence[int] | None,
         num_classes: int,
         d_model: int = 64,
         num_layers: int = 2,
@@ -26,27 +34,40 @@ class TransformerClassifier(nn.Module):
         mlp_ratio: float = 2.0,
         dropout: float = 0.1,
         pooling: Literal["cls", "mean"] = "cls",
+        num_features: int | None = None,
+        max_length: int | None = None,
     ):
         super().__init__()
         if pooling not in ("cls", "mean"):
             raise ValueError(f"pooling must be 'cls' or 'mean', got {pooling!r}")
-        channels, seq_len, width = image_shape
+        features = step_features(image_shape, num_features)
+        if image_shape is not None:
+            max_length = image_shape[1]
+        elif max_length is None:
+            raise ValueError("sequences need max_length: the positions the model learns")
         self.pooling = pooling
-        self.embed = nn.Linear(channels * width, d_model)
+        self.embed = nn.Linear(features, d_model)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, d_model)) if pooling == "cls" else None
-        num_tokens = seq_len + (1 if pooling == "cls" else 0)
+        num_tokens = max_length + (1 if pooling == "cls" else 0)
         self.pos_embedding = nn.Parameter(torch.randn(1, num_tokens, d_model) * 0.02)
         self.dropout = nn.Dropout(dropout)
-        self.blocks = nn.Sequential(
-            *(TransformerBlock(d_model, num_heads, mlp_ratio, dropout) for _ in range(num_layers))
+        self.blocks = nn.ModuleList(
+            TransformerBlock(d_model, num_heads, mlp_ratio, dropout) for _ in range(num_layers)
         )
         self.norm = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, num_classes)
 
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        tokens = self.embed(image_to_sequence(images))
+    def forward(self, inputs: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
+        steps = as_steps(inputs)
+        mask = real_steps(lengths, steps)
+        tokens = self.embed(steps)
         if self.cls_token is not None:
             tokens = torch.cat([self.cls_token.expand(tokens.shape[0], -1, -1), tokens], dim=1)
-        x = self.norm(self.blocks(self.dropout(tokens + self.pos_embedding)))
-        pooled = x[:, 0] if self.pooling == "cls" else x.mean(dim=1)
+            if mask is not None:  # the class token is always there
+                mask = torch.cat([mask.new_ones(mask.shape[0], 1), mask], dim=1)
+        x = self.dropout(tokens + self.pos_embedding[:, : tokens.shape[1]])
+        for block in self.blocks:
+            x = block(x, mask)
+        x = self.norm(x)
+        pooled = x[:, 0] if self.pooling == "cls" else masked_mean(x, mask)
         return self.head(pooled)

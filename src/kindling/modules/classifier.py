@@ -1,4 +1,5 @@
-"""Image classification around any net that maps `(B, C, H, W)` to logits `(B, num_classes)`."""
+"""Classification around any net that maps images `(B, C, H, W)`, or padded sequences `(B, T, F)`
+and their lengths `(B,)`, to logits `(B, num_classes)`."""
 
 from collections.abc import Sequence
 from typing import Any
@@ -15,6 +16,9 @@ from kindling.modules.optimization import OptimizerFactory, SchedulerFactory, co
 
 class Classifier(L.LightningModule):
     """Cross-entropy classification with accuracy for train / val / test.
+
+    A batch is `(images, labels)`, or `(sequences, lengths, labels)` (kindling.data.sequences):
+    everything before the labels is the net's input.
 
     Logs `train/loss`, `train/acc`, `val/loss`, `val/acc`, `val/acc_best`, `test/loss`, `test/acc`.
     Losses and accuracies are torchmetrics objects: steps update them on the device, and they are
@@ -75,10 +79,12 @@ class Classifier(L.LightningModule):
         if example_input_shape is not None and not compile:
             self.example_input_array = torch.zeros(1, *example_input_shape)
 
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
+    def forward(self, inputs: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
+        if lengths is not None:
+            return self.net(inputs, lengths)
         if self.hparams.channels_last:
-            images = images.contiguous(memory_format=torch.channels_last)
-        return self.net(images)
+            inputs = inputs.contiguous(memory_format=torch.channels_last)
+        return self.net(inputs)
 
     def setup(self, stage: str) -> None:
         if self.hparams.channels_last:
@@ -107,8 +113,8 @@ class Classifier(L.LightningModule):
         self, batch: tuple[torch.Tensor, torch.Tensor]
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Each sample's loss (the epoch metrics average samples), the predictions, the targets."""
-        images, targets = batch
-        logits = self(images)
+        *inputs, targets = batch
+        logits = self(*inputs)
         losses = F.cross_entropy(logits, targets, reduction="none")
         return losses, logits.argmax(dim=1), targets
 
@@ -151,9 +157,13 @@ class Classifier(L.LightningModule):
         log_epoch_metrics(self, metrics, prog_bar=False)
 
     def predict_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        """Class probabilities `(B, num_classes)`; a batch is images, or (images, labels)."""
-        images = batch[0] if isinstance(batch, list | tuple) else batch
-        return self(images).softmax(dim=-1)
+        """Class probabilities `(B, num_classes)`; a batch is images, or a tuple that starts with
+        images `(B, C, H, W)`, or with padded sequences `(B, T, F)` and their lengths."""
+        if not isinstance(batch, list | tuple):
+            return self(batch).softmax(dim=-1)
+        if batch[0].dim() == 3:
+            return self(batch[0], batch[1]).softmax(dim=-1)
+        return self(batch[0]).softmax(dim=-1)
 
     def configure_optimizers(self) -> dict[str, Any]:
         ratio = self.hparams.backbone_lr_ratio

@@ -1,0 +1,241 @@
+"""Your own sequences: variable-length time series from a long table, padded per batch."""
+
+import logging
+from typing import Any
+
+import torch
+from torch.nn.utils.rnn import pad_sequence
+from torch.utils.data import Dataset
+
+from kindling.config.errors import UserError
+from kindling.data.folds import check_folds, fold_split
+from kindling.data.loaders import (
+    ResumableDistributedSampler,
+    SplitDataModule,
+    per_device_batch_size,
+)
+from kindling.data.sequence_table import Columns, SequenceTable, read_sequence_table
+
+log = logging.getLogger(__name__)
+
+# A batch: steps `(B, T, F)` zero-padded after each sequence's end, lengths `(B,)`, labels `(B,)`.
+SequenceBatch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+class Sequences(Dataset):
+    """Sequences `(T_i, F)` as the table holds them and their class indices, served standardised
+    with `mean` and `std` (`(F,)`; a missing value becomes the mean: 0); `collate` pads a batch.
+
+    Standardised as served, not once: a checkpoint's statistics, loaded after `setup`, apply.
+    """
+
+    def __init__(
+        self,
+        sequences: list[torch.Tensor],
+        labels: torch.Tensor,
+        mean: torch.Tensor,
+        std: torch.Tensor,
+    ):
+        self.sequences, self.labels = sequences, labels
+        self.mean, self.std = mean, std
+
+    def __len__(self) -> int:
+        return len(self.sequences)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        steps = ((self.sequences[index] - self.mean) / self.std).nan_to_num(0.0)
+        return steps, self.labels[index]
+
+    @staticmethod
+    def collate(samples: list[tuple[torch.Tensor, torch.Tensor]]) -> SequenceBatch:
+        steps = [sequence for sequence, _ in samples]
+        lengths = torch.tensor([len(sequence) for sequence in steps], dtype=torch.long)
+        labels = torch.stack([label for _, label in samples])
+        return pad_sequence(steps, batch_first=True), lengths, labels
+
+
+def stratified_holdout(
+    labels: torch.Tensor, fraction: float, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(rest, held out)` indices: the held-out part is fold 0 of `round(1 / fraction)`
+    stratified, seeded folds (kindling.data.folds), so each class keeps its share; at least one
+    sequence is held out of a set smaller than that many folds."""
+    return fold_split(labels, max(2, min(round(1 / fraction), len(labels))), 0, seed)
+
+
+class SequenceTableDataModule(SplitDataModule):
+    """Sequences of different lengths from one table in the long layout (tsfresh, sktime): one row
+    per time step with a sequence id, an optional time (the order within a sequence), a label
+    (text or integers; the class names are kept) and an optional split (train, val, test); every
+    other column is a numeric feature. Rows of one sequence may lie anywhere in the file.
+
+    An absent val split is carved from train (stratified, seeded; or `folds`/`fold`), an absent
+    test split too. Each feature is standardised with the mean and standard deviation of the
+    training split's time steps only; they are stored in checkpoints with the class names.
+
+    Args:
+        path: the table, `.csv` or `.parquet`.
+        num_features, num_classes, max_length: read from the table by the config (for the model
+            configs); checked against it.
+        id_column, label_column, time_column, split_column: the special columns' names.
+        missing: `refuse` (a NaN or empty feature value stops the run, naming the row) or `mean`
+            (filled with the training split's mean of that feature: 0 once standardised).
+        val_fraction, test_fraction: the shares carved from train where the table has no such split.
+        seed: seed of the carved splits and folds.
+        folds, fold: k-fold cross-validation of train (without a val split in the table).
+        batch_size, num_workers, pin_memory, persistent_workers, shuffle_seed: as for every set.
+        bucket: training batches of similar lengths (kindling.data.buckets): less padding; each
+            epoch is still every training sequence once, in a seeded random draw.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        num_features: int,
+        num_classes: int,
+        max_length: int | None = None,
+        id_column: str = "id",
+        label_column: str = "label",
+        time_column: str | None = "time",
+        split_column: str | None = "split",
+        missing: str = "refuse",
+        batch_size: int = 64,
+        val_fraction: float = 0.1,
+        test_fraction: float = 0.2,
+        seed: int = 0,
+        folds: int | None = None,
+        fold: int | None = None,
+        num_workers: int | None = 0,
+        pin_memory: bool = True,
+        persistent_workers: bool = True,
+        shuffle_seed: int | None = None,
+        bucket: bool = False,
+    ):
+        super().__init__()
+        self.save_hyperparameters(logger=False)
+        per_device_batch_size(batch_size, 1)
+        if missing not in ("refuse", "mean"):
+            raise UserError(f"data.missing must be refuse or mean, got {missing!r}.")
+        for name, fraction in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
+            if not 0.0 < fraction < 1.0:
+                raise UserError(f"data.{name} must be between 0 and 1, got {fraction}.")
+        check_folds(folds, fold)
+        self.columns = Columns(id_column, label_column, time_column, split_column)
+        self.classes: list[str] | None = None
+        self.features: list[str] | None = None
+        self.mean: torch.Tensor | None = None  # (F,) of the training split's steps
+        self.std: torch.Tensor | None = None
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.data_train is not None:
+            return
+        hp = self.hparams
+        self.batch_size_per_device  # noqa: B018 - validate before reading the table
+        table = read_sequence_table(hp.path, self.columns, hp.missing)
+        splits = self._splits(table)
+        self._check_counts(table, splits)
+        train_steps = torch.cat([table.sequences[i] for i in splits["train"].tolist()])
+        if self.mean is None:  # a checkpoint's statistics win over the table's
+            # Statistics of the training split only: nothing from validation or test leaks in.
+            self.mean = train_steps.nanmean(dim=0)
+            centred = (train_steps - self.mean).nan_to_num(0.0)
+            count = (~train_steps.isnan()).sum(dim=0).clamp_min(2)
+            self.std = (centred.square().sum(dim=0) / (count - 1)).sqrt().clamp_min(1e-6)
+        self.classes, self.features = table.classes, table.features
+        datasets = {
+            name: Sequences(
+                [table.sequences[i] for i in indices.tolist()],
+                table.labels[indices],
+                self.mean,
+                self.std,
+            )
+            for name, indices in splits.items()
+        }
+        self.data_train, self.data_val, self.data_test = (datasets[s] for s in splits)
+        lengths = [len(s) for s in table.sequences]
+        counts = ", ".join(f"{name} {len(indices)}" for name, indices in splits.items())
+        log.info(
+            "%s: %d classes, %d features, lengths %d-%d; sequences: %s.",
+            hp.path, len(table.classes), len(table.features), min(lengths), max(lengths), counts,
+        )  # fmt: skip
+
+    def _splits(self, table: SequenceTable) -> dict[str, torch.Tensor]:
+        hp = self.hparams
+        given = {s: torch.tensor([i for i, x in enumerate(table.splits) if x == s]) for s in
+                 ("train", "val", "test")}  # fmt: skip
+        if all(split is None for split in table.splits):
+            given["train"] = torch.arange(len(table.splits))
+        if len(given["train"]) == 0:
+            raise UserError(f"data.path={hp.path}: no sequence has split 'train'.")
+        if len(given["val"]) and hp.folds is not None:
+            raise UserError(
+                f"data.folds={hp.folds}: data.path={hp.path} has a val split of its own. Leave "
+                "out data.folds and data.fold, or mark those sequences train to cross-validate."
+            )
+        train = given["train"]
+        if not len(given["test"]):
+            rest, test = stratified_holdout(table.labels[train], hp.test_fraction, hp.seed)
+            train, given["test"] = train[rest], train[test]
+        if hp.folds is not None:
+            rest, val = fold_split(table.labels[train], hp.folds, hp.fold, hp.seed + 1)
+            train, given["val"] = train[rest], train[val]
+        elif not len(given["val"]):
+            rest, val = stratified_holdout(table.labels[train], hp.val_fraction, hp.seed + 1)
+            train, given["val"] = train[rest], train[val]
+        return {"train": train, "val": given["val"], "test": given["test"]}
+
+    def _check_counts(self, table: SequenceTable, splits: dict[str, torch.Tensor]) -> None:
+        hp = self.hparams
+        trained = set(table.labels[splits["train"]].tolist())
+        for name in ("val", "test"):
+            unseen = sorted(set(table.labels[splits[name]].tolist()) - trained)
+            if unseen:
+                raise UserError(
+                    f"data.path={hp.path}: class {table.classes[unseen[0]]!r} is in the {name} "
+                    "split but not in train. Give train sequences of it, or remove it."
+                )
+        if self.classes is not None and table.classes != self.classes:
+            raise UserError(
+                f"data.path={hp.path} has the classes {', '.join(table.classes)}, but the "
+                f"checkpoint was trained on {', '.join(self.classes)}."
+            )
+        longest = max(len(sequence) for sequence in table.sequences)
+        if hp.max_length is not None and longest > hp.max_length:
+            raise UserError(
+                f"data.max_length={hp.max_length} but data.path={hp.path} has a sequence of "
+                f"{longest} steps. Leave data.max_length out: it is read from the table."
+            )
+        for name, expected, found in (
+            ("num_classes", hp.num_classes, len(table.classes)),
+            ("num_features", hp.num_features, len(table.features)),
+        ):
+            if expected != found:
+                raise UserError(
+                    f"data.{name}={expected} but data.path={hp.path} has {found}. Leave "
+                    f"data.{name} out: it is read from the table."
+                )
+
+    def training_sampler(
+        self, dataset: Dataset, world_size: int, rank: int, seed: int
+    ) -> ResumableDistributedSampler:
+        if not self.hparams.bucket:
+            return super().training_sampler(dataset, world_size, rank, seed)
+        from kindling.data.buckets import LengthBucketSampler  # only when bucketing
+
+        lengths = [len(sequence) for sequence in dataset.sequences]
+        batch_size = self.batch_size_per_device
+        return LengthBucketSampler(dataset, world_size, rank, seed, lengths, batch_size)
+
+    def state_dict(self) -> dict[str, Any]:
+        # Lightning stores this in every checkpoint: prediction needs no training data.
+        return {
+            "mean": self.mean, "std": self.std, "classes": self.classes, "features": self.features
+        }  # fmt: skip
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        # Lightning loads a checkpoint's state after `setup`: the splits serve its statistics.
+        self.mean, self.std = state_dict["mean"], state_dict["std"]
+        self.classes, self.features = state_dict["classes"], state_dict["features"]
+        for split in (self.data_train, self.data_val, self.data_test):
+            if split is not None:
+                split.mean, split.std = self.mean, self.std
