@@ -9,6 +9,15 @@ from torch import nn
 from kindling.config.errors import UserError
 
 
+def require_images(image_shape: Sequence[int] | None, option: str) -> None:
+    """Refuse, in one line, a data set without images for a net that reads only images."""
+    if image_shape is None:
+        raise UserError(
+            f"model={option} reads images, and this data set has none (no data.image_shape). "
+            "For sequences choose model=lstm, gru, rnn, transformer or temporal_conv."
+        )
+
+
 def conv_block(in_channels: int, out_channels: int, dropout: float) -> nn.Sequential:
     """Two 3x3 conv + batch norm + ReLU layers, then 2x2 max pooling and dropout."""
     layers: list[nn.Module] = []
@@ -39,11 +48,7 @@ class CNNClassifier(nn.Module):
         dropout: float = 0.1,
     ):
         super().__init__()
-        if image_shape is None:
-            raise UserError(
-                "model=cnn reads images, and this data set has none (no data.image_shape). For "
-                "sequences choose model=lstm, gru, rnn, transformer or temporal_conv."
-            )
+        require_images(image_shape, "cnn")
         widths = [image_shape[0], *channels]
         self.features = nn.Sequential(
             *(conv_block(c_in, c_out, dropout) for c_in, c_out in pairwise(widths))
