@@ -2,15 +2,12 @@
 
     python benchmarks/process.py --workload digits --epochs 10 --repeats 5
     python benchmarks/process.py --workload mnist --epochs 2 --repeats 5
-    python benchmarks/process.py --workload digits --epochs 10 --repeats 5 --measure cpu
 
 Three sides: `plain_train.py` (the script a user writes by hand), `lightning_train.py` (the same
 through a bare Lightning Trainer: the floor of any Lightning script) and `python train.py`.
 Each is started as a fresh process (imports, data loading, training, validation every epoch,
-checkpoints, the final test: everything a user waits for) and timed by the wall clock, or with
-`--measure cpu` by the CPU seconds it used (user + system: what it computed, which other work
-on a busy machine changes far less than its wall time); one repeat runs the three back to back,
-each repeat in a different order. Workloads:
+checkpoints, the final test: everything a user waits for) and timed by the wall clock; one
+repeat runs the three back to back, each repeat in a different order. Workloads:
 
 - digits: the default experiment (CNN on scikit-learn's 8x8 digits, batch 64);
 - mnist: `data=mnist` (CNN on 28x28 images, batch 128) from MNIST-sized IDX files (60,000 train
@@ -22,7 +19,6 @@ Writes `process_<workload>.json` to `benchmarks/results/` (or `--out`).
 
 import argparse
 import json
-import resource
 import statistics
 import subprocess
 import sys
@@ -40,15 +36,6 @@ def wall_time(command: list[str], cwd: Path) -> float:
     start = time.perf_counter()
     subprocess.run(command, cwd=cwd, check=True, capture_output=True)
     return time.perf_counter() - start
-
-
-def cpu_time(command: list[str], cwd: Path) -> float:
-    """The process's CPU seconds (user + system, its threads and the children it waited for):
-    what it computed, which other work on a shared machine changes far less than its wall time."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    subprocess.run(command, cwd=cwd, check=True, capture_output=True)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def commands(workload: str, epochs: int, accelerator: str, data_dir: Path) -> dict[str, list]:
@@ -79,14 +66,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--accelerator", default="auto")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
-    parser.add_argument(
-        "--measure",
-        choices=["wall", "cpu"],
-        default="wall",
-        help="wall-clock seconds, or CPU seconds (for a machine that is not idle)",
-    )
     args = parser.parse_args()
-    measure = wall_time if args.measure == "wall" else cpu_time
     names = ["plain", "lightning", "kindling"]
     times: dict[str, list[float]] = {name: [] for name in names}
     with tempfile.TemporaryDirectory() as data_dir:
@@ -94,13 +74,12 @@ def main() -> None:
         for repeat in range(args.repeats):
             for name in names[repeat % 3 :] + names[: repeat % 3]:  # each side first in turn
                 with tempfile.TemporaryDirectory() as folder:
-                    times[name].append(measure(sides[name], Path(folder)))
+                    times[name].append(wall_time(sides[name], Path(folder)))
             print(f"run {repeat + 1}: " + ", ".join(f"{n} {times[n][-1]:.2f} s" for n in names),
                   flush=True)  # fmt: skip
     report = {
         "workload": args.workload,
         "epochs": args.epochs,
-        "measure": args.measure,
         **{f"{name}_s": times[name] for name in names},
         "ratios": {
             f"{a} / {b}": paired_ratio(times[a], times[b])
@@ -110,8 +89,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"process_{args.workload}.json").write_text(json.dumps(report, indent=2))
     medians = ", ".join(f"{n} {statistics.median(times[n]):.2f} s" for n in names)
-    print(f"{args.workload}, {args.epochs} epochs, {args.measure} time, medians of {args.repeats}: "
-          f"{medians}")  # fmt: skip
+    print(f"{args.workload}, {args.epochs} epochs, wall time, medians of {args.repeats}: {medians}")
     for label, ratio in report["ratios"].items():
         print(f"  {label} = {ratio['median']:.3f} (range {ratio['min']:.3f}-{ratio['max']:.3f})")
 
