@@ -28,9 +28,8 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
-from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
+from kindling.config.cli_args import parse_cli_args
 from kindling.config.errors import UserError
 from kindling.data.normalize import to_model_input
 from kindling.garbage_collection import skip_collections_at_exit
@@ -218,11 +217,7 @@ def main(argv: list[str]) -> None:
     log.setLevel(logging.INFO)
     ignore_unhelpful_warnings()
     try:
-        try:
-            args = OmegaConf.merge(OmegaConf.structured(ExportArgs), OmegaConf.from_cli(argv))
-            args = ExportArgs(**OmegaConf.to_container(args, throw_on_missing=True))
-        except OmegaConfBaseException as error:
-            raise UserError(f"{error.msg}. Usage: {USAGE}") from error
+        args = parse_cli_args(ExportArgs, argv, USAGE)
         written = export(args)
     except UserError as error:
         log.error("%s", error)

@@ -26,10 +26,9 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.utilities import rank_zero_only
-from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 from torch.utils.data import DataLoader, Dataset, default_collate
 
+from kindling.config.cli_args import parse_cli_args
 from kindling.config.errors import UserError
 from kindling.data.folder import IMAGE_SUFFIXES, image_files
 from kindling.data.image_files import UnreadableImage, read_image
@@ -226,11 +225,7 @@ def _predict_split(
 def main(argv: list[str]) -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        try:
-            args = OmegaConf.merge(OmegaConf.structured(PredictArgs), OmegaConf.from_cli(argv))
-            args = PredictArgs(**OmegaConf.to_container(args, throw_on_missing=True))
-        except OmegaConfBaseException as error:
-            raise UserError(f"{error.msg}. Usage: {USAGE}") from error
+        args = parse_cli_args(PredictArgs, argv, USAGE)
         output = predict(args)
     except UserError as error:
         if rank_zero_only.rank == 0:  # every process meets the same mistake
