@@ -149,7 +149,7 @@ def test_callbacks_and_loggers_are_named_entries(compose_config) -> None:
         "learning_rate_monitor",
         "stop_on_divergence",
     }
-    assert cfg.callbacks.model_checkpoint.monitor == "val/acc"
+    assert cfg.callbacks.model_checkpoint.monitor == "val/loss"
     assert cfg.callbacks.last_checkpoint.filename == "last"
     # One key moves every checkpoint, e.g. to object storage.
     moved = compose_config("callbacks.model_checkpoint.dirpath=memory://bucket/checkpoints")
