@@ -21,7 +21,7 @@ from kindling.models import (
 )
 from kindling.train import run
 
-from conftest import QUIET
+from conftest import QUIET, train_py
 
 CLASSES = ("down", "flat", "up")  # what a bump at a random step does to the first feature
 
@@ -288,3 +288,36 @@ def test_predict_step_passes_the_lengths(tmp_path: Path) -> None:
     steps, lengths = torch.randn(2, 6, FEATURES), torch.tensor([6, 2])
     probabilities = module.predict_step((steps, lengths, torch.tensor([0, 1])), 0)
     torch.testing.assert_close(probabilities, net(steps, lengths).softmax(dim=-1))
+
+
+@pytest.mark.slow
+def test_two_processes_learn_sequences_and_test_each_one_once(tmp_path: Path) -> None:
+    """Trained on 2 processes with length bucketing, the run learns the pattern; its test on 2
+    processes counts each of the 30 test sequences once and scores what one process scores."""
+    table = write_table(pattern_rows(150, seed=0), tmp_path / "table.parquet")
+    common = [
+        "data=sequences", f"data.path={table}", "data.batch_size=16", "model=gru",
+        "model.net.hidden_size=32", "model.net.bidirectional=true", "trainer.accelerator=cpu",
+        "callbacks.early_stopping=null", *QUIET,
+    ]  # fmt: skip
+    trained = train_py(
+        *common, "trainer.devices=2", "data.bucket=true", "model.optimizer.lr=0.003",
+        "trainer.max_epochs=12", "hydra.run.dir=two", cwd=tmp_path,
+    )  # fmt: skip
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    assert "Starting with 2 processes" in trained.stdout + trained.stderr
+    results = {}
+    for devices in (1, 2):
+        folder = f"test{devices}"
+        tested = train_py(
+            *common, "train=false", f"ckpt_path={tmp_path / 'two/checkpoints/last.ckpt'}",
+            f"trainer.devices={devices}", f"hydra.run.dir={folder}", cwd=tmp_path,
+        )  # fmt: skip
+        assert tested.returncode == 0, tested.stderr[-3000:]
+        with open(tmp_path / folder / "csv" / "metrics.csv") as f:
+            (row,) = [row for row in csv.DictReader(f) if row.get("test/acc")]
+        counts = np.loadtxt(tmp_path / folder / "confusion_matrix.csv", delimiter=",")
+        results[devices] = float(row["test/acc"]), int(counts.sum())
+    assert results[2] == results[1]
+    assert results[2][1] == 30
+    assert results[2][0] >= 0.9
