@@ -1,24 +1,22 @@
-"""JapaneseVowels (UCI; 9 speakers, 12 LPC coefficients a step) as a long table for
-`data=sequences`, from the `.ts` files bundled in aeon's wheel (no download).
+"""Every kindling family on JapaneseVowels beside the field's baselines, on the same split.
 
-    pip install aeon   # the `bench` extra: not what training needs
-    python benchmarks/japanese_vowels.py --out data/japanese_vowels.csv
+    pip install -e '.[bench]'   # aeon: the data set (bundled in its wheel) and the baselines
+    python benchmarks/sequences.py [--seeds 0 1 2] [--models lstm gru] [-- <train.py overrides>]
 
-Writes one row per time step: `id`, `time`, `label` (the speaker, 1-9), `split` (the archive's
-270 train and 370 test utterances) and the coefficients `c1`..`c12`. Then, with `--seeds`,
+Writes aeon's JapaneseVowels (UCI; 9 speakers, 12 LPC coefficients a step, 7-29 steps) as the
+long table `data=sequences` reads, `data/japanese_vowels.csv` (`--table`), unless it exists:
+one row per time step, `id`, `time`, `label` (the speaker, 1-9), `split` (the archive's 270
+train and 370 test utterances) and the coefficients `c1`..`c12`. Then runs
 
-    python benchmarks/japanese_vowels.py --table data/japanese_vowels.csv --seeds 0 1 2 \
-        -- model=lstm model.net.bidirectional=true trainer.max_epochs=30
+    python train.py data=sequences data.path=<table> model=<family> trainer.max_epochs=30 \
+        seed=<seed>
 
-runs `python train.py data=sequences data.path=<table> <overrides> seed=<seed>` once per seed
-(in kindling's environment; the table needs no aeon) and prints each test/acc and the median.
-And the field's baselines on the table's split, in aeon's environment:
-
-    python benchmarks/japanese_vowels.py --table data/japanese_vowels.csv --baselines
-
+once per family and seed, kindling's defaults otherwise (a tenth of train carved for
+validation, the checkpoint of best val/loss tested), and the baselines on the table's split:
 MiniRocket (aeon's `MiniRocketClassifier`, seed 0; it takes equal lengths, so each series is
 padded by repeating its last step) and 1-NN DTW (`KNeighborsTimeSeriesClassifier`, full
-window), trained on all 270 train sequences (kindling holds a tenth out for validation).
+window), trained on all 270 train sequences. Prints each test accuracy, and a table of every
+family's seeds and median beside the baselines.
 """
 
 import argparse
@@ -70,7 +68,7 @@ def read_split(table: Path, split: str) -> tuple[list, list]:
     return series, [labels[i] for i in steps]
 
 
-def baselines(table: Path) -> None:
+def baselines(table: Path) -> dict[str, float]:
     import numpy as np
     from aeon.classification.convolution_based import MiniRocketClassifier
     from aeon.classification.distance_based import KNeighborsTimeSeriesClassifier
@@ -86,28 +84,45 @@ def baselines(table: Path) -> None:
         "MiniRocket": (MiniRocketClassifier(random_state=0), padded),
         "1-NN DTW": (KNeighborsTimeSeriesClassifier(distance="dtw"), list),
     }
+    accuracies = {}
     for name, (model, shape) in models.items():
         model.fit(shape(train), np.array(train_labels))
-        accuracy = float(np.mean(model.predict(shape(test)) == np.array(test_labels)))
-        print(f"{name}: test accuracy {accuracy:.4f}", flush=True)
+        accuracies[name] = float(np.mean(model.predict(shape(test)) == np.array(test_labels)))
+        print(f"{name}: test accuracy {accuracies[name]:.4f}", flush=True)
+    return accuracies
+
+
+FAMILIES = ["rnn", "lstm", "gru", "transformer", "temporal_conv"]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("data/japanese_vowels.csv"))
-    parser.add_argument("--table", type=Path, help="train on this table (written before)")
+    parser.add_argument("--table", type=Path, default=ROOT / "data" / "japanese_vowels.csv")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--baselines", action="store_true", help="MiniRocket and 1-NN DTW")
+    parser.add_argument("--models", nargs="+", default=FAMILIES, help="kindling families")
+    parser.add_argument("--epochs", type=int, default=30, help="trainer.max_epochs")
     parser.add_argument("overrides", nargs="*", help="python train.py overrides, after --")
     args = parser.parse_args()
-    if args.baselines:
-        baselines(args.table)
-        return
-    if args.table is not None:
-        accuracies = test_accuracies(args.table.resolve(), args.seeds, args.overrides)
-        print(f"{' '.join(args.overrides)}: median test/acc {statistics.median(accuracies):.4f}")
-        return
-    write_table(args.out)
+    if not args.table.is_file():
+        write_table(args.table)
+    table = args.table.resolve()
+    results = {}
+    for family in args.models:
+        overrides = [f"model={family}", f"trainer.max_epochs={args.epochs}", *args.overrides]
+        print(" ".join(overrides), flush=True)
+        results[family] = test_accuracies(table, args.seeds, overrides)
+    print("Baselines, trained on the whole train split:", flush=True)
+    reference = baselines(table)
+
+    print(f"\nJapaneseVowels, test accuracy ({args.epochs} epochs{' ' if args.overrides else ''}"
+          f"{' '.join(args.overrides)}):\n")  # fmt: skip
+    print("| model | " + " | ".join(f"seed {seed}" for seed in args.seeds) + " | median |")
+    print("| --- |" + " ---: |" * (len(args.seeds) + 1))
+    for family, accuracies in results.items():
+        cells = " | ".join(f"{a:.4f}" for a in accuracies)
+        print(f"| `{family}` | {cells} | {statistics.median(accuracies):.4f} |")
+    for name, accuracy in reference.items():
+        print(f"| {name} |" + " |" * len(args.seeds) + f" {accuracy:.4f} |")
 
 
 def write_table(out: Path) -> None:
