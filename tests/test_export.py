@@ -9,6 +9,7 @@ import onnx
 import onnxruntime
 import pytest
 import torch
+from test_sequences import pattern_rows, write_table
 
 from kindling import export as export_command
 from kindling.config.errors import UserError
@@ -112,3 +113,81 @@ def test_a_net_the_exporter_cannot_trace_is_one_line(
            "Export with the other format" in str(refused.value)  # fmt: skip
     with pytest.raises(UserError, match="format=tflite is not one of"):
         export(ExportArgs(str(trained_run.last_checkpoint), format="tflite"))
+
+
+# Every family that reads sequences, small, after two steps on a table of lengths 3 to 20.
+SEQUENCE_FAMILIES = {
+    "rnn": ["model=rnn", "model.net.hidden_size=8", "model.net.num_layers=1"],
+    "lstm": ["model=lstm", "model.net.hidden_size=8", "model.net.num_layers=1"],
+    "gru_bidirectional": ["model=gru", "model.net.hidden_size=8", "model.net.num_layers=1",
+                          "model.net.bidirectional=true"],
+    "transformer_cls": ["model=transformer", "model.net.d_model=16", "model.net.num_layers=1"],
+    "transformer_mean": ["model=transformer", "model.net.d_model=16", "model.net.num_layers=1",
+                         "model.net.pooling=mean"],
+    "temporal_conv": ["model=temporal_conv", "model.net.channels=[8]",
+                      "model.net.kernel_sizes=[3]"],
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module", params=list(SEQUENCE_FAMILIES))
+def sequence_checkpoint(request, tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp(request.param)
+    table = write_table(pattern_rows(30, seed=0, lengths=(3, 20)), folder / "table.csv")
+    run(compose_in(folder, "data=sequences", f"data.path={table}",
+                   *SEQUENCE_FAMILIES[request.param], *SHORT_RUN))  # fmt: skip
+    return folder / "run" / "checkpoints" / "last.ckpt"
+
+
+@pytest.mark.slow
+def test_every_sequence_family_exports_with_a_dynamic_batch_and_length(
+    sequence_checkpoint: Path, tmp_path: Path, caplog
+) -> None:
+    with caplog.at_level(logging.INFO, logger="kindling"):
+        onnx_file, program_file, facts_file = export(
+            ExportArgs(ckpt_path=str(sequence_checkpoint), output=str(tmp_path / "model"))
+        )
+    # The parity check ran two batch sizes padded to two lengths (the table's longest: 20).
+    checked = [r.getMessage() for r in caplog.records if "logit difference" in r.getMessage()]
+    assert len(checked) == 2 and all("batches of 8x20 and 5x10" in line for line in checked)
+    facts = json.loads(facts_file.read_text())
+    assert facts["input"] == "sequences" and facts["input_shape"] == ["batch", "length", 3]
+    assert facts["features"] == ["x", "y", "z"] and len(facts["mean"]) == len(facts["std"]) == 3
+    assert facts["normalisation"].startswith("(value - mean) / std")
+    assert facts["classes"] == ["down", "flat", "up"]
+    metadata = {p.key: json.loads(p.value) for p in onnx.load(str(onnx_file)).metadata_props}
+    assert metadata == facts
+
+    # Both files on batches and lengths never exported: every sequence one step; lengths 1-13.
+    module, _ = load_module(sequence_checkpoint)
+    program = torch.export.load(program_file).module()
+    session = onnxruntime.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
+    for steps, lengths in ((torch.randn(3, 1, 3), torch.ones(3, dtype=torch.long)),
+                           (torch.randn(2, 13, 3), torch.tensor([13, 4]))):  # fmt: skip
+        steps[1, lengths[1] :] = 0.0
+        with torch.no_grad():
+            expected = module(steps, lengths)
+            torch.testing.assert_close(program(steps, lengths), expected, atol=1e-5, rtol=0)
+        (logits,) = session.run(None, {"steps": steps.numpy(), "lengths": lengths.numpy()})
+        torch.testing.assert_close(torch.from_numpy(logits), expected, atol=1e-4, rtol=0)
+
+
+@pytest.mark.slow
+def test_a_sequence_export_that_computes_something_else_is_refused(
+    sequence_checkpoint: Path, tmp_path: Path, monkeypatch, request
+) -> None:
+    if request.node.callspec.params["sequence_checkpoint"] != "rnn":
+        pytest.skip("one family is enough: the check is the same code for every family")
+    exporter = export_command.EXPORTERS["torch_export"]
+
+    def off_by_a_little(*args):
+        runner = exporter(*args)
+        return lambda inputs: runner(inputs) + 1e-3
+
+    monkeypatch.setitem(export_command.EXPORTERS, "torch_export", off_by_a_little)
+    with pytest.raises(
+        UserError,
+        match=r"The torch_export export of this RNNClassifier differs "
+        r"from the checkpoint by 1.00e-03 > tolerance=1e-04",
+    ):
+        export(ExportArgs(str(sequence_checkpoint), str(tmp_path / "m"), "torch_export"))
+    assert not (tmp_path / "m.pt2").exists()

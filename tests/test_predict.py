@@ -1,13 +1,17 @@
-"""Predicting from a checkpoint alone: a folder of image files, or a data set split, to CSV."""
+"""Predicting from a checkpoint alone: a folder of image files, a table of sequences, or a data
+set split, to CSV."""
 
 import csv
 import logging
+import os
 import subprocess
 from pathlib import Path
 
 import pytest
 import torch
+from filelock import FileLock
 from sklearn.datasets import load_digits
+from test_sequences import pattern_rows, write_table
 from torchvision.io import write_png
 
 from kindling import predict as predict_command
@@ -15,8 +19,9 @@ from kindling import sample as sample_command
 from kindling.config.errors import UserError
 from kindling.loading import load_module
 from kindling.predict import PredictArgs, predict
+from kindling.train import run
 
-from conftest import PYTHON
+from conftest import PYTHON, QUIET, compose_in
 
 
 @pytest.fixture
@@ -200,4 +205,138 @@ def test_two_processes_write_each_file_once_in_the_folder_s_order(
         PredictArgs(str(checkpoint), str(folder), str(tmp_path / "one.csv"), num_workers=0)
     )
     assert read_rows(one) == rows
+    assert sorted(p.name for p in output.parent.iterdir()) == ["p.csv"]
+
+
+# A table of sequences (data=sequences): a small net trained on the learnable task of
+# tests/test_sequences.py, once per session and shared by the pytest-xdist workers.
+SEQUENCE_RUN = [
+    "data=sequences", "data.batch_size=16", "model=temporal_conv", "model.net.channels=[16,32]",
+    "model.net.kernel_sizes=[5,3]", "model.optimizer.lr=0.003", "trainer=cpu",
+    "trainer.max_epochs=12", "callbacks.early_stopping=null", "callbacks.plots=null", "test=false",
+    *QUIET,
+]  # fmt: skip
+
+
+def _train_on_sequences(folder: Path) -> Path:
+    table = write_table(pattern_rows(150, seed=0), folder / "train.parquet")
+    run(compose_in(folder, f"data.path={table}", *SEQUENCE_RUN))
+    return folder / "run" / "checkpoints" / "last.ckpt"
+
+
+@pytest.fixture(scope="session")
+def sequence_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return _train_on_sequences(tmp_path_factory.mktemp("sequence_run"))
+    folder = tmp_path_factory.getbasetemp().parent / "sequence_run"
+    with FileLock(str(folder) + ".lock"):
+        checkpoint = folder / "run" / "checkpoints" / "last.ckpt"
+        if not checkpoint.is_file():
+            folder.mkdir(exist_ok=True)
+            _train_on_sequences(folder)
+    return checkpoint
+
+
+def first_appearances(rows: list[dict]) -> list[str]:
+    return list(dict.fromkeys(row["id"] for row in rows))
+
+
+@pytest.mark.slow
+def test_predicts_each_sequence_of_a_table_once(sequence_checkpoint: Path, tmp_path: Path) -> None:
+    rows = pattern_rows(60, seed=7)  # sequences it never saw, rows shuffled, labelled
+    table = write_table(rows, tmp_path / "new.csv")
+    output = predict(PredictArgs(str(sequence_checkpoint), str(table), str(tmp_path / "p.csv")))
+    predicted = read_rows(output)
+    assert list(predicted[0]) == ["id", "class", "probability"]
+    assert [r["id"] for r in predicted] == first_appearances(rows)  # each id once, in order
+    truth = {row["id"]: row["label"] for row in rows}
+    correct = sum(r["class"] == truth[r["id"]] for r in predicted)  # class names
+    assert correct / len(predicted) >= 0.9
+    assert all(1 / 3 <= float(r["probability"]) <= 1.0 for r in predicted)
+
+
+@pytest.mark.slow
+def test_a_sequence_is_standardised_with_the_checkpoint_s_statistics(
+    sequence_checkpoint: Path, tmp_path: Path
+) -> None:
+    """Alone, without its label, its columns in another order, a sequence gets the row it gets
+    among others: statistics of the table predicted (here: of one sequence) never enter."""
+    rows = pattern_rows(12, seed=8)
+    together = read_rows(predict(PredictArgs(
+        str(sequence_checkpoint), str(write_table(rows, tmp_path / "all.parquet")),
+        str(tmp_path / "all.csv"),
+    )))  # fmt: skip
+    alone_rows = [{k: row[k] for k in ("z", "time", "id", "x", "y")} for row in rows
+                  if row["id"] == "s4"]  # fmt: skip
+    alone = read_rows(predict(PredictArgs(
+        str(sequence_checkpoint), str(write_table(alone_rows, tmp_path / "one.csv")),
+        str(tmp_path / "one.csv.out"),
+    )))  # fmt: skip
+    assert alone == [r for r in together if r["id"] == "s4"]
+    # And the probability is the checkpoint's module's on the steps standardised by hand.
+    module, checkpoint = load_module(sequence_checkpoint)
+    state = checkpoint["SequenceTableDataModule"]
+    steps = torch.tensor([[r["x"], r["y"], r["z"]] for r in sorted(alone_rows,
+                          key=lambda r: r["time"])], dtype=torch.float32)  # fmt: skip
+    standardised = ((steps - state["mean"]) / state["std"])[None]
+    with torch.no_grad():
+        probability = module(standardised, torch.tensor([len(steps)])).softmax(dim=-1).max()
+    assert float(alone[0]["probability"]) == pytest.approx(float(probability), abs=1e-6)
+
+
+@pytest.mark.slow
+def test_a_table_with_other_feature_columns_is_refused_in_one_line(
+    sequence_checkpoint: Path, tmp_path: Path, caplog
+) -> None:
+    rows = pattern_rows(6, seed=9)
+    cases = {
+        "renamed": ([{("w" if k == "z" else k): v for k, v in r.items()} for r in rows],
+                    "has no feature column 'z', which the checkpoint was trained on"),
+        "extra": ([{**r, "w": 1.0} for r in rows],
+                  "has a column 'w' that is not a feature the checkpoint was trained on"),
+    }  # fmt: skip
+    for name, (table_rows, message) in cases.items():
+        table = write_table(table_rows, tmp_path / f"{name}.csv")
+        caplog.clear()
+        with pytest.raises(SystemExit):
+            predict_command.main([f"ckpt_path={sequence_checkpoint}", f"input={table}",
+                                  f"output={tmp_path / 'p.csv'}"])  # fmt: skip
+        (line,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+        assert message in line and "\n" not in line, line
+    # The reader's own refusals name the argument: input=, not the training config's data.path.
+    rows[3]["x"] = float("nan")
+    table = write_table(rows, tmp_path / "nan.parquet")
+    with pytest.raises(UserError, match=r"^input=.*nan.parquet: column 'x' row 4 is empty or NaN"):
+        predict(PredictArgs(str(sequence_checkpoint), str(table), str(tmp_path / "p.csv")))
+
+
+@pytest.mark.slow
+def test_the_test_split_of_a_sequence_table_names_its_ids(
+    sequence_checkpoint: Path, tmp_path: Path
+) -> None:
+    output = predict(PredictArgs(str(sequence_checkpoint), "test", str(tmp_path / "t.csv")))
+    predicted = read_rows(output)
+    assert len(predicted) == 30  # a fifth of 150
+    assert len({r["id"] for r in predicted}) == 30 and all(r["id"][0] == "s" for r in predicted)
+
+
+@pytest.mark.slow
+def test_two_processes_predict_each_sequence_once(
+    sequence_checkpoint: Path, tmp_path: Path
+) -> None:
+    rows = pattern_rows(13, seed=10)  # an odd count: the processes' shares differ
+    table = write_table(rows, tmp_path / "new.parquet")
+    output = tmp_path / "out" / "p.csv"
+    result = subprocess.run(
+        [*PYTHON, "-m", "kindling.predict", f"ckpt_path={sequence_checkpoint}", f"input={table}",
+         f"output={output}", "devices=2", "accelerator=cpu", "batch_size=4"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "Starting with 2 processes" in result.stderr
+    two = read_rows(output)
+    assert [r["id"] for r in two] == first_appearances(rows)
+    one = predict(PredictArgs(str(sequence_checkpoint), str(table), str(tmp_path / "one.csv"),
+                              batch_size=4))  # fmt: skip
+    assert read_rows(one) == two
     assert sorted(p.name for p in output.parent.iterdir()) == ["p.csv"]

@@ -7,16 +7,21 @@ Writes `<output>.onnx` (the dynamo exporter, opset 18+; run it with onnxruntime)
 `<output>.pt2` (`torch.export.save`; `torch.export.load(path).module()` runs it) and
 `<output>.json`, the facts a consumer needs, also stored in the files (the ONNX model's
 metadata_props; the .pt2 archive's `extra_files["kindling.json"]`): class names, input shape,
-the normalisation to apply and the batch dimension, which is dynamic. The exported model takes
-what the checkpoint's module takes: float32 images `(B, C, H, W)`, each channel standardised
-as `(pixel / 255 - mean) / std`, and returns logits `(B, num_classes)`.
+the normalisation to apply and the dynamic dimensions. The exported model takes what the
+checkpoint's module takes and returns logits `(B, num_classes)`: float32 images
+`(B, C, H, W)`, each channel standardised as `(pixel / 255 - mean) / std`; or, from a
+`data=sequences` checkpoint, float32 steps `(B, T, F)` standardised per feature as
+`(value - mean) / std` (a missing value: 0), zero-padded after each sequence's end, and int64
+`lengths` `(B,)`, the batch and the length dynamic.
 
-Each exported file is then run (onnxruntime for ONNX) on `samples` random images, standardised
-with the checkpoint's statistics, and on a batch of another size; the largest absolute
-difference from the checkpoint's logits is printed. Beyond `tolerance` the file is deleted and
-the command fails with one line. `output` defaults to the checkpoint's path less `.ckpt`.
+Each exported file is then run (onnxruntime for ONNX) on `samples` random inputs, standardised
+with the checkpoint's statistics, and on a batch of another size (sequences: of random lengths,
+padded to another length); the largest absolute difference from the checkpoint's logits is
+printed. Beyond `tolerance` the file is deleted and the command fails with one line. `output`
+defaults to the checkpoint's path less `.ckpt`.
 """
 
+import copy
 import json
 import logging
 import sys
@@ -48,8 +53,8 @@ class ExportArgs:
     output: str | None = None  # path without suffix; null: the checkpoint's, less .ckpt
     format: str = "both"  # both | onnx | torch_export
     tolerance: float = 1e-4  # the largest absolute logit difference an export may have
-    samples: int = 8  # random images the parity check runs
-    seed: int = 0  # of those images
+    samples: int = 8  # random inputs (images or sequences) the parity check runs
+    seed: int = 0  # of those inputs
 
 
 USAGE = "python -m kindling.export ckpt_path=<file> [output=<path>] [format=both|onnx|torch_export]"
@@ -61,11 +66,11 @@ def export(args: ExportArgs) -> list[Path]:
     if args.format != "both" and args.format not in FORMATS:
         raise UserError(f"format={args.format} is not one of both, onnx, torch_export.")
     if args.samples < 2:
-        raise UserError(f"samples={args.samples}: the check needs at least 2 images.")
+        raise UserError(f"samples={args.samples}: the check needs at least 2 inputs.")
     module, checkpoint = load_module(args.ckpt_path)
     if not isinstance(module, Classifier):
         raise UserError(
-            f"{args.ckpt_path} holds a {type(module).__name__}: kindling.export exports image "
+            f"{args.ckpt_path} holds a {type(module).__name__}: kindling.export exports "
             "classifiers (a language model generates with python -m kindling.sample)."
         )
     facts = consumer_facts(checkpoint, args.ckpt_path)
@@ -73,19 +78,20 @@ def export(args: ExportArgs) -> list[Path]:
     stem.parent.mkdir(parents=True, exist_ok=True)
     inputs = sample_inputs(facts, args.samples, args.seed)
     with torch.no_grad():
-        expected = [module(images) for images in inputs]
+        expected = [module(*example) for example in inputs]
     family = checkpoint["config"]["model"]["net"]["_target_"].rsplit(".", 1)[-1]
+    traced = traceable(module, facts)
     written = []
     for name in formats:
         path = stem.with_suffix(FORMATS[name])
-        run = EXPORTERS[name](module, inputs[0], path, facts, family)
+        run = EXPORTERS[name](traced, inputs[0], path, facts, family)
         difference = max(
-            float((run_checked(run, images, name, path) - logits).abs().max())
-            for images, logits in zip(inputs, expected, strict=True)
+            float((run_checked(run, example, name, path) - logits).abs().max())
+            for example, logits in zip(inputs, expected, strict=True)
         )
         log.info("%s: largest logit difference from the checkpoint %.2e (tolerance %.0e), "
-                 "batches of %d and %d.", path, difference, args.tolerance,
-                 *[len(x) for x in inputs])  # fmt: skip
+                 "batches of %s.", path, difference, args.tolerance,
+                 " and ".join(describe(example) for example in inputs))  # fmt: skip
         if not difference <= args.tolerance:  # NaN fails too
             path.unlink()
             raise UserError(
@@ -99,17 +105,37 @@ def export(args: ExportArgs) -> list[Path]:
 
 
 def consumer_facts(checkpoint: dict[str, Any], ckpt_path: str) -> dict[str, Any]:
-    """What running the exported model needs: input shape and normalisation, class names."""
+    """What running the exported model needs: inputs and their normalisation, class names."""
     data_cfg = checkpoint["config"]["data"]
     state = checkpoint.get(data_cfg["_target_"].rsplit(".", 1)[-1], {})
     if state.get("mean") is None:
-        raise UserError(f"{ckpt_path} has no image statistics: retrain with this version.")
+        what = "feature" if "features" in state else "image"
+        raise UserError(f"{ckpt_path} has no {what} statistics: retrain with this version.")
     num_classes = checkpoint["config"]["model"]["num_classes"]
+    if state.get("features") is not None:  # data=sequences
+        inputs = {
+            "input": "sequences",
+            "input_names": ["steps", "lengths"],
+            "input_shape": ["batch", "length", len(state["features"])],
+            "input_dtype": "float32",
+            "lengths_shape": ["batch"],
+            "lengths_dtype": "int64",
+            "padding": "zeros after each sequence's last step; lengths: its real steps",
+            # The longest the model takes (the Transformer's learned positions); null: any.
+            "max_length": checkpoint["config"]["model"]["net"].get("max_length"),
+            "longest_trained": data_cfg.get("max_length"),
+            "features": list(state["features"]),
+            "normalisation": "(value - mean) / std, per feature; a missing value becomes 0",
+        }
+    else:
+        inputs = {
+            "input": "images",
+            "input_shape": ["batch", *data_cfg["image_shape"]],
+            "input_dtype": "float32",
+            "normalisation": "(pixel / 255 - mean) / std, per channel",
+        }
     return {
-        "input": "images",
-        "input_shape": ["batch", *data_cfg["image_shape"]],
-        "input_dtype": "float32",
-        "normalisation": "(pixel / 255 - mean) / std, per channel",
+        **inputs,
         "mean": torch.as_tensor(state["mean"]).flatten().tolist(),
         "std": torch.as_tensor(state["std"]).flatten().tolist(),
         "output": "logits",
@@ -120,25 +146,84 @@ def consumer_facts(checkpoint: dict[str, Any], ckpt_path: str) -> dict[str, Any]
     }
 
 
-def sample_inputs(facts: dict[str, Any], count: int, seed: int) -> list[torch.Tensor]:
-    """Random uint8 images standardised as in training: `count` of them, and a batch of
-    another size (`count // 2 + 1`), so the dynamic batch dimension is checked too."""
+Inputs = tuple[torch.Tensor, ...]  # what the module takes: (images,) or (steps, lengths)
+
+
+def sample_inputs(facts: dict[str, Any], count: int, seed: int) -> list[Inputs]:
+    """Random inputs standardised as in training: a batch of `count`, and one of another size
+    (`count // 2 + 1`), so the dynamic batch dimension is checked too. Sequences have random
+    lengths from 1 to the longest the model was trained on, the second batch padded to about
+    half that: the dynamic length, and padding, are checked too."""
     generator = torch.Generator().manual_seed(seed)
+    if facts["input"] == "sequences":
+        return [
+            random_sequences(facts, size, longest, generator)
+            for size, longest in ((count, longest_sequence(facts)),
+                                  (count // 2 + 1, (longest_sequence(facts) + 1) // 2))
+        ]  # fmt: skip
     shape = facts["input_shape"][1:]
     mean = torch.tensor(facts["mean"]).view(1, -1, 1, 1)
     std = torch.tensor(facts["std"]).view(1, -1, 1, 1)
     batches = []
     for size in (count, count // 2 + 1):
         pixels = torch.randint(0, 256, (size, *shape), generator=generator, dtype=torch.uint8)
-        batches.append(to_model_input(pixels, mean, std))
+        batches.append((to_model_input(pixels, mean, std),))
     return batches
 
 
-Runner = Callable[[torch.Tensor], torch.Tensor]
+def longest_sequence(facts: dict[str, Any]) -> int:
+    # A checkpoint's data config holds the table's longest sequence; 64 where it has none.
+    return facts.get("longest_trained") or facts.get("max_length") or 64
+
+
+def random_sequences(
+    facts: dict[str, Any], size: int, longest: int, generator: torch.Generator
+) -> Inputs:
+    """`size` sequences of lengths 1 to `longest` (the first that long, the last 1 step),
+    values drawn around the training statistics and standardised by the facts' formula,
+    zero-padded after each end."""
+    mean, std = torch.tensor(facts["mean"]), torch.tensor(facts["std"])
+    lengths = torch.randint(1, longest + 1, (size,), generator=generator)
+    lengths[0], lengths[-1] = longest, 1
+    values = mean + std * torch.randn(size, longest, len(mean), generator=generator)
+    steps = (values - mean) / std
+    steps[torch.arange(longest)[None, :] >= lengths[:, None]] = 0.0
+    return steps, lengths
+
+
+def describe(example: Inputs) -> str:
+    """A batch's size, and a padded batch's length: `8` or `8x30`."""
+    return str(len(example[0])) if len(example) == 1 else f"{len(example[0])}x{example[0].shape[1]}"
+
+
+def traceable(module: Classifier, facts: dict[str, Any]) -> Classifier:
+    """The module the exporters trace: the same, or for sequences a copy whose net is swapped
+    for its `exportable()` twin where it has one (a recurrent net's packed sequences trace in
+    neither exporter; the twin computes the same logits). The parity check compares it with
+    the checkpoint's own module."""
+    make_twin = getattr(module.net, "exportable", None)
+    if facts["input"] != "sequences" or make_twin is None:
+        return module
+    twin = copy.deepcopy(module)
+    twin.net = twin.net.exportable()
+    return twin.eval()
+
+
+def input_signature(facts: dict[str, Any]) -> tuple[list[str], tuple[dict[int, Any], ...]]:
+    """The exported inputs' names and dynamic dimensions: the batch; for sequences the length
+    too, up to the net's `max_length` where it has one (the Transformer's learned positions)."""
+    batch = torch.export.Dim("batch")
+    if facts["input"] != "sequences":
+        return ["images"], ({0: batch},)
+    length = torch.export.Dim("length", min=1, max=facts["max_length"])
+    return ["steps", "lengths"], ({0: batch, 1: length}, {0: batch})
+
+
+Runner = Callable[[Inputs], torch.Tensor]
 
 
 def export_onnx(
-    module: L.LightningModule, example: torch.Tensor, path: Path, facts: dict, family: str
+    module: L.LightningModule, example: Inputs, path: Path, facts: dict, family: str
 ) -> Runner:
     """The dynamo ONNX exporter (Lightning's `to_onnx(dynamo=True)`), the facts in the model's
     metadata; returns a function that runs the file with onnxruntime."""
@@ -149,10 +234,11 @@ def export_onnx(
         raise UserError(
             f"ONNX export needs {error.name}: pip install -e '.[export]' (or format=torch_export)."
         ) from error
+    names, dynamic_shapes = input_signature(facts)
     try:
         program = module.to_onnx(
-            None, (example,), dynamo=True, input_names=["images"], output_names=["logits"],
-            dynamic_shapes=({0: torch.export.Dim("batch")},), verbose=False,
+            None, example, dynamo=True, input_names=names, output_names=["logits"],
+            dynamic_shapes=dynamic_shapes, verbose=False,
         )  # fmt: skip
     except Exception as error:
         raise cannot_export("ONNX", family, error) from error
@@ -160,43 +246,44 @@ def export_onnx(
     program.save(str(path))  # weights inside the file up to ONNX's 2 GB, beside it above
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
 
-    def run(images: torch.Tensor) -> torch.Tensor:
-        (logits,) = session.run(["logits"], {"images": images.numpy()})
+    def run(inputs: Inputs) -> torch.Tensor:
+        feed = {name: tensor.numpy() for name, tensor in zip(names, inputs, strict=True)}
+        (logits,) = session.run(["logits"], feed)
         return torch.from_numpy(np.asarray(logits))
 
     return run
 
 
 def export_program(
-    module: L.LightningModule, example: torch.Tensor, path: Path, facts: dict, family: str
+    module: L.LightningModule, example: Inputs, path: Path, facts: dict, family: str
 ) -> Runner:
     """`torch.export` of the module, saved with the facts; returns a function that loads the
     file back and runs it."""
+    _, dynamic_shapes = input_signature(facts)
     try:
-        program = torch.export.export(
-            module, (example,), dynamic_shapes=({0: torch.export.Dim("batch")},)
-        )
+        program = torch.export.export(module, example, dynamic_shapes=dynamic_shapes)
     except Exception as error:
         raise cannot_export("torch.export", family, error) from error
     torch.export.save(program, path, extra_files={"kindling.json": json.dumps(facts)})
     loaded = torch.export.load(path).module()
 
-    def run(images: torch.Tensor) -> torch.Tensor:
+    def run(inputs: Inputs) -> torch.Tensor:
         with torch.no_grad():
-            return loaded(images)
+            return loaded(*inputs)
 
     return run
 
 
-def run_checked(run: "Runner", images: torch.Tensor, name: str, path: Path) -> torch.Tensor:
+def run_checked(run: "Runner", inputs: Inputs, name: str, path: Path) -> torch.Tensor:
     """The exported file's logits; a file that does not run is deleted and refused."""
     try:
-        return run(images)
+        return run(inputs)
     except Exception as error:
         path.unlink()
         reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
         raise UserError(
-            f"The {name} export fails on a batch of {len(images)}: {reason[:300]}. {path} deleted."
+            f"The {name} export fails on a batch of {describe(inputs)}: {reason[:300]}. "
+            f"{path} deleted."
         ) from error
 
 

@@ -1,15 +1,20 @@
-"""Predict classes for a folder of images (or a data set split) from a checkpoint alone.
+"""Predict classes for a folder of images, a table of sequences (or a data set split) from a
+checkpoint alone.
 
     python -m kindling.predict ckpt_path=<file> input=<folder of images> output=predictions.csv
+    python -m kindling.predict ckpt_path=<data=sequences file> input=<table.csv|.parquet>
 
 `input=test` (or `val`) predicts that split of the data set the model was trained on instead.
 The CSV has one row per image, in the folder's (sorted) order: file (or index), class (its name
 when the training data named its classes: an image folder's folder names), probability. Files
-that cannot be decoded are named in a warning and left out. `devices=N` predicts a folder on N
-processes (DDP: N GPUs, or N CPU processes where there is no GPU), each on its own share of the
-files; each writes its rows to a part file, and the first merges them into the one CSV. The
-checkpoint holds the
-model's config, its weights and the training set's per-channel statistics, so nothing else is
+that cannot be decoded are named in a warning and left out. A table of sequences (the long
+layout the model was trained on, read with the checkpoint's column names; label and split
+columns are ignored) gives one row per sequence id, in the order the ids first appear:
+id, class, probability; its features are standardised with the checkpoint's statistics, never
+the table's own. `devices=N` predicts on N processes (DDP: N GPUs, or N CPU processes where
+there is no GPU), each on its own share of the files or sequences; each writes its rows to a
+part file, and the first merges them into the one CSV. The checkpoint holds the model's config,
+its weights and the training set's statistics (per channel, or per feature), so nothing else is
 needed. The Lightning Trainer places the work (`accelerator=auto`: a GPU when there is one).
 """
 
@@ -34,6 +39,8 @@ from kindling.data.folder import IMAGE_SUFFIXES, image_files
 from kindling.data.image_files import UnreadableImage, read_image
 from kindling.data.loaders import default_num_workers
 from kindling.data.normalize import to_model_input
+from kindling.data.sequence_table import Columns, read_sequence_table
+from kindling.data.sequences import Sequences
 from kindling.garbage_collection import skip_collections_at_exit
 from kindling.hardware import best_precision
 from kindling.loading import instantiate_stored, load_module
@@ -44,17 +51,17 @@ log = logging.getLogger("kindling")
 @dataclass
 class PredictArgs:
     ckpt_path: str = "???"  # a checkpoint written by train.py
-    input: str = "???"  # a folder of image files, or a split: test | val
+    input: str = "???"  # a folder of image files, a table of sequences, or a split: test | val
     output: str = "predictions.csv"
     batch_size: int = 256
     num_workers: int | None = None  # decoding processes; null: the CPUs available
     accelerator: str = "auto"  # cpu | gpu | auto
-    devices: int = 1  # processes (one per device) sharing the files of a folder
+    devices: int = 1  # processes (one per device) sharing the files or sequences
 
 
 USAGE = (
-    "python -m kindling.predict ckpt_path=<file> input=<folder | test | val> output=<csv> "
-    "[devices=N]"
+    "python -m kindling.predict ckpt_path=<file> input=<folder | table | test | val> "
+    "output=<csv> [devices=N]"
 )
 
 
@@ -88,8 +95,16 @@ class Standardise:
         return [to_model_input(images, self.mean, self.std), indices, readable]
 
 
+def collate_to_predict(samples: list[tuple[torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
+    """A padded batch of sequences whose "labels" are their indices (`SequencesToPredict`),
+    laid out as an image batch ends: `[steps, lengths, indices, readable]`."""
+    steps, lengths, indices = Sequences.collate(samples)
+    return [steps, lengths, indices, torch.ones(len(indices), dtype=torch.bool)]
+
+
 class CollectRows(BasePredictionWriter):
-    """Keep `(index, class, probability)` of each readable image, and the unreadable indices.
+    """Keep `(index, class, probability)` of each readable input (an image, or a sequence), and
+    the unreadable indices; a batch ends with `(indices, readable)`.
 
     With several processes each predicts its own share of the files (Lightning's unrepeated
     distributed sampler: every file once), writes its rows to `parts/rank<N>.json` at the end,
@@ -107,7 +122,7 @@ class CollectRows(BasePredictionWriter):
         self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx
     ) -> None:
         confidence, classes = prediction.max(dim=1)
-        _, indices, readable = batch
+        *_, indices, readable = batch
         for i, ok, c, p in zip(indices.tolist(), readable.tolist(), classes.tolist(),
                                confidence.tolist(), strict=True):  # fmt: skip
             if ok:
@@ -146,13 +161,77 @@ def folder_files(folder: Path) -> list[Path]:
     return files
 
 
+def images_to_predict(
+    args: PredictArgs, data_cfg: dict[str, Any], state: dict[str, Any]
+) -> tuple[list[str], DataLoader]:
+    """The image files of the folder `args.input` names, and a loader of them standardised."""
+    files = folder_files(Path(args.input))
+    loader = DataLoader(
+        FilesToPredict(files, data_cfg["image_shape"]),
+        batch_size=args.batch_size,
+        num_workers=(
+            default_num_workers(args.devices) if args.num_workers is None else args.num_workers
+        ),
+        collate_fn=Standardise(state["mean"], state["std"]),
+    )
+    return [str(f) for f in files], loader
+
+
+def sequences_to_predict(
+    args: PredictArgs, data_cfg: dict[str, Any], state: dict[str, Any]
+) -> tuple[list[str], DataLoader]:
+    """The ids of the table `args.input` names, in the order they first appear, and a loader
+    of their sequences: read as the training table was (kindling.data.sequence_table, the
+    checkpoint's column names and `missing`), features in the checkpoint's order, standardised
+    with its statistics as in training (kindling.data.sequences.Sequences)."""
+    columns = Columns(data_cfg["id_column"], data_cfg["label_column"], data_cfg["time_column"],
+                      data_cfg["split_column"])  # fmt: skip
+    table = read_sequence_table(
+        args.input, columns, data_cfg["missing"], to_predict=True, option="input"
+    )
+    trained = list(state["features"])
+    check_features(table.features, trained, args.input, columns)
+    take = [table.features.index(name) for name in trained]
+    order = sorted(range(len(table.ids)), key=table.first_rows.__getitem__)
+    sequences = [table.sequences[i][:, take] for i in order]
+    # Each sequence's "label" is its row in the CSV: the batch carries it to CollectRows.
+    dataset = Sequences(sequences, torch.arange(len(order)), state["mean"], state["std"])
+    loader = DataLoader(
+        dataset, batch_size=args.batch_size, num_workers=args.num_workers or 0,
+        collate_fn=collate_to_predict,
+    )  # fmt: skip
+    return [str(table.ids[i]) for i in order], loader
+
+
+def check_features(found: list[str], trained: list[str], path: str, columns: Columns) -> None:
+    """Refuse a table whose feature columns are not the ones the checkpoint was trained on."""
+    missing = [name for name in trained if name not in found]
+    if missing:
+        raise UserError(
+            f"input={path} has no feature column {missing[0]!r}, which the checkpoint was "
+            f"trained on (features: {', '.join(trained)}). Add it."
+        )
+    extra = [name for name in found if name not in trained]
+    if extra:
+        special = ", ".join(
+            f"{what} {name!r}" for what, name in zip(("id", "label", "time", "split"), (
+                columns.id, columns.label, columns.time, columns.split), strict=True) if name
+        )  # fmt: skip
+        raise UserError(
+            f"input={path} has a column {extra[0]!r} that is not a feature the checkpoint was "
+            f"trained on (features: {', '.join(trained)}; {special}). Drop it."
+        )
+
+
 def predict(args: PredictArgs) -> Path:
     """Write the predictions CSV; return its path."""
     module, checkpoint = load_module(args.ckpt_path)
     data_cfg = checkpoint["config"]["data"]
     state = checkpoint.get(data_cfg["_target_"].rsplit(".", 1)[-1], {})
+    is_sequences = state.get("features") is not None
     if state.get("mean") is None:
-        raise UserError(f"{args.ckpt_path} has no image statistics: retrain with this version.")
+        what = "feature" if "features" in state else "image"
+        raise UserError(f"{args.ckpt_path} has no {what} statistics: retrain with this version.")
     class_names = state.get("classes")
     if args.devices < 1:
         raise UserError(f"devices={args.devices}: give the number of processes, 1 or more.")
@@ -169,21 +248,14 @@ def predict(args: PredictArgs) -> Path:
         names, rows = _predict_split(trainer, module, data_cfg, state, args)
         unreadable: list[str] = []
     else:
-        files = folder_files(Path(args.input))
-        loader = DataLoader(
-            FilesToPredict(files, data_cfg["image_shape"]),
-            batch_size=args.batch_size,
-            num_workers=(
-                default_num_workers(args.devices) if args.num_workers is None else args.num_workers
-            ),
-            collate_fn=Standardise(state["mean"], state["std"]),
-        )
+        to_predict = sequences_to_predict if is_sequences else images_to_predict
+        names, loader = to_predict(args, data_cfg, state)
         collect = CollectRows(parts=output.parent / f".{output.name}.parts")
         trainer.callbacks.append(collect)
         trainer.predict(module, dataloaders=loader, return_predictions=False)
         if trainer.global_rank != 0:  # the first process writes the merged rows
             return output
-        names, rows = [str(f) for f in files], sorted(collect.rows)
+        rows = sorted(collect.rows)
         unreadable = [names[i] for i in sorted(collect.unreadable)]
         for name in unreadable:
             log.warning("Skipped %s: not a readable image (corrupt or truncated).", name)
@@ -191,7 +263,7 @@ def predict(args: PredictArgs) -> Path:
     output.parent.mkdir(parents=True, exist_ok=True)
     with open(output, "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["file", "class", "probability"])
+        writer.writerow(["id" if is_sequences else "file", "class", "probability"])
         for index, label, p in rows:
             name = class_names[label] if class_names else label
             writer.writerow([names[index], name, f"{p:.6f}"])
@@ -217,7 +289,11 @@ def _predict_split(
     confidence, classes = probabilities.max(dim=1)
     dataset = getattr(datamodule, f"data_{args.input}")
     samples = getattr(dataset, "samples", None)  # an image folder's (file, label) pairs
-    names = [str(f) for f, _ in samples] if samples else [str(i) for i in range(len(dataset))]
+    ids = getattr(dataset, "ids", None)  # a table's sequence ids
+    if samples:
+        names = [str(f) for f, _ in samples]
+    else:
+        names = [str(i) for i in (ids if ids is not None else range(len(dataset)))]
     rows = list(zip(range(len(names)), classes.tolist(), confidence.tolist(), strict=True))
     return names, rows
 

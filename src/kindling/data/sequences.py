@@ -38,6 +38,7 @@ class Sequences(Dataset):
     ):
         self.sequences, self.labels = sequences, labels
         self.mean, self.std = mean, std
+        self.ids: list | None = None  # each sequence's id in the table, where known
 
     def __len__(self) -> int:
         return len(self.sequences)
@@ -151,6 +152,8 @@ class SequenceTableDataModule(SplitDataModule):
             )
             for name, indices in splits.items()
         }
+        for name, indices in splits.items():  # what kindling.predict names rows with
+            datasets[name].ids = [table.ids[i] for i in indices.tolist()]
         self.data_train, self.data_val, self.data_test = (datasets[s] for s in splits)
         lengths = [len(s) for s in table.sequences]
         counts = ", ".join(f"{name} {len(indices)}" for name, indices in splits.items())

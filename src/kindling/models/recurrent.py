@@ -4,6 +4,7 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence
 
@@ -61,6 +62,112 @@ class RecurrentClassifier(nn.Module):
         directions = 2 if self.rnn.bidirectional else 1
         last_layer = hidden[-directions:].transpose(0, 1).flatten(1)
         return self.head(last_layer)
+
+    def exportable(self) -> "UnpackedRecurrent":
+        """The same function of padded sequences and lengths without packing, which neither
+        torch.export nor the ONNX exporter traces: a net that shares this one's weights."""
+        return UnpackedRecurrent(self)
+
+
+class UnpackedRecurrent(nn.Module):
+    """A `RecurrentClassifier` on padded sequences `(B, T, F)` and `lengths` `(B,)` without
+    packing: the packed net's logits (to float rounding), in a graph that torch.export and the
+    ONNX exporter trace with the length dynamic. Eval only (no dropout between layers).
+
+    Each layer and direction runs over the whole padded length in a `torch.while_loop` (the cell
+    written out: `nn.RNN`'s own kernels unroll the steps when traced, fixing the length), and
+    each sequence's last real step is read by index. Padding comes after each sequence's end,
+    so the forward direction's states at real steps never see it. The backward direction reads
+    each sequence reversed within its length (padding stays at the end), so it too starts at the
+    last real step; its outputs are put back in order for the next layer.
+    """
+
+    def __init__(self, net: RecurrentClassifier):
+        super().__init__()
+        self.net = net  # its weights and head, shared
+
+    def forward(self, steps: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        rnn = self.net.rnn
+        batch, length, _ = steps.shape
+        positions = torch.arange(length, device=steps.device).expand(batch, length)
+        ends = lengths.to(steps.device).view(batch, 1)
+        # Position t of a sequence reversed within its length; padding keeps its place.
+        reverse = torch.where(positions < ends, ends - 1 - positions, positions).unsqueeze(-1)
+        last = (ends - 1).clamp_min(0).unsqueeze(-1)  # (B, 1, 1): each last real step
+        suffixes = ("", "_reverse") if rnn.bidirectional else ("",)
+        # Plain values for the loop: torch.while_loop traces its body, and not nn.RNN modules.
+        cell = {nn.LSTM: "lstm", nn.GRU: "gru"}.get(type(rnn), getattr(rnn, "nonlinearity", ""))
+        x = steps
+        for layer in range(rnn.num_layers):
+            outputs, finals = [], []
+            for suffix in suffixes:
+                backward = suffix == "_reverse"
+                inputs = x.gather(1, reverse.expand(-1, -1, x.shape[-1])) if backward else x
+                weights = [getattr(rnn, f"{name}_l{layer}{suffix}", None) for name in
+                           ("weight_ih", "weight_hh", "bias_ih", "bias_hh")]  # fmt: skip
+                out = _recurrence(cell, inputs, *weights)
+                index = last.expand(-1, -1, out.shape[-1])
+                # The backward state after reading back to the first step: reversed, the last.
+                finals.append(out.gather(1, index))
+                outputs.append(out.gather(1, reverse.expand_as(out)) if backward else out)
+            x = torch.cat(outputs, dim=-1)
+        return self.net.head(torch.cat(finals, dim=-1).squeeze(1))
+
+
+def _recurrence(
+    cell: str,
+    inputs: torch.Tensor,
+    weight_ih: torch.Tensor,
+    weight_hh: torch.Tensor,
+    bias_ih: torch.Tensor | None,
+    bias_hh: torch.Tensor | None,
+) -> torch.Tensor:
+    """One layer and direction of a `cell` (lstm, gru, tanh or relu: nn.RNN's nonlinearity)
+    over `inputs` `(B, T, F)` from zero states: the hidden state after each step,
+    `(B, T, hidden)`."""
+    batch, length, _ = inputs.shape
+    hidden_size = weight_hh.shape[1]
+    gates = F.linear(inputs, weight_ih, bias_ih)  # every step's input part at once
+    zeros = inputs.new_zeros(batch, hidden_size)
+    # The LSTM carries its cell state too (a loop may not return an input unchanged).
+    states = (zeros, zeros.clone()) if cell == "lstm" else (zeros,)
+
+    def more(step: torch.Tensor, outputs: torch.Tensor, *states: torch.Tensor) -> torch.Tensor:
+        return step < length
+
+    def advance(step: torch.Tensor, outputs: torch.Tensor, *states: torch.Tensor) -> tuple:
+        at = step.view(1)
+        states = _step(cell, gates.index_select(1, at).squeeze(1), states, weight_hh, bias_hh)
+        return step + 1, outputs.index_copy(1, at, states[0].unsqueeze(1)), *states
+
+    start = torch.zeros((), dtype=torch.long, device=inputs.device)
+    outputs = inputs.new_zeros(batch, length, hidden_size)
+    _, outputs, *_ = torch.while_loop(more, advance, (start, outputs, *states))
+    return outputs
+
+
+def _step(
+    cell: str,
+    gates: torch.Tensor,
+    states: tuple[torch.Tensor, ...],
+    weight_hh: torch.Tensor,
+    bias_hh: torch.Tensor | None,
+) -> tuple[torch.Tensor, ...]:
+    """One step of `nn.RNN` / `nn.GRU` / `nn.LSTM` as their documentation writes it."""
+    hidden = states[0]
+    recurrent = F.linear(hidden, weight_hh, bias_hh)
+    if cell == "lstm":
+        i, f, g, o = (gates + recurrent).chunk(4, dim=-1)
+        memory = torch.sigmoid(f) * states[1] + torch.sigmoid(i) * torch.tanh(g)
+        return torch.sigmoid(o) * torch.tanh(memory), memory
+    if cell == "gru":
+        x_r, x_z, x_n = gates.chunk(3, dim=-1)
+        h_r, h_z, h_n = recurrent.chunk(3, dim=-1)
+        reset, update = torch.sigmoid(x_r + h_r), torch.sigmoid(x_z + h_z)
+        new = torch.tanh(x_n + reset * h_n)
+        return ((1 - update) * new + update * hidden,)
+    activation = torch.tanh if cell == "tanh" else torch.relu
+    return (activation(gates + recurrent),)
 
 
 class RNNClassifier(RecurrentClassifier):
