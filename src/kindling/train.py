@@ -21,7 +21,7 @@ from lightning.pytorch.callbacks import (
 )
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from kindling.callbacks import CheckpointOnInterrupt, ConfigInCheckpoint
 from kindling.checkpoints import is_url
@@ -65,6 +65,7 @@ def run(cfg: DictConfig) -> float | None:
 
 
 def train_and_test(cfg: DictConfig) -> float | None:
+    _augment_images_only(cfg)
     checkpoint = _check(cfg)
     record_dir = resumed.record_dir(cfg.paths.output_dir)  # a resumed run keeps the first's record
     print_config_tree(cfg, save_dir=record_dir)
@@ -120,6 +121,14 @@ def build_trainer(
         # Lightning starts the extra ranks: as single runs of this job, in its folder.
         hydra_ddp.install()
     return trainer
+
+
+def _augment_images_only(cfg: DictConfig) -> None:
+    """Leave out the augment group of data without images (data=streaming's default, flip_crop,
+    on a copy of sequences): it transforms images, and its crop reads `data.image_shape`, null."""
+    if cfg.data.get("augment") and OmegaConf.select(cfg, "data.image_shape") is None:
+        with open_dict(cfg.data):
+            del cfg.data["augment"]
 
 
 def _check(cfg: DictConfig) -> str | None:
