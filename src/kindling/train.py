@@ -65,7 +65,7 @@ def run(cfg: DictConfig) -> float | None:
 
 
 def train_and_test(cfg: DictConfig) -> float | None:
-    _augment_images_only(cfg)
+    augment_images_only(cfg.data)
     checkpoint = _check(cfg)
     record_dir = resumed.record_dir(cfg.paths.output_dir)  # a resumed run keeps the first's record
     print_config_tree(cfg, save_dir=record_dir)
@@ -102,6 +102,15 @@ def train_and_test(cfg: DictConfig) -> float | None:
     return _optimized_metric(name, metrics)
 
 
+def augment_images_only(data: DictConfig) -> None:
+    """Leave out the augment entries of data without images (data=streaming's default, flip_crop,
+    on a copy of sequences): they transform images, and the crop reads `data.image_shape`, null
+    there, which would stop the config from resolving."""
+    if data.get("augment") and data.get("image_shape") is None:
+        with open_dict(data):
+            del data["augment"]
+
+
 def build_trainer(
     cfg: DictConfig, run_provenance: dict, extra_callbacks: Sequence[Callback] = ()
 ) -> L.Trainer:
@@ -121,14 +130,6 @@ def build_trainer(
         # Lightning starts the extra ranks: as single runs of this job, in its folder.
         hydra_ddp.install()
     return trainer
-
-
-def _augment_images_only(cfg: DictConfig) -> None:
-    """Leave out the augment group of data without images (data=streaming's default, flip_crop,
-    on a copy of sequences): it transforms images, and its crop reads `data.image_shape`, null."""
-    if cfg.data.get("augment") and OmegaConf.select(cfg, "data.image_shape") is None:
-        with open_dict(cfg.data):
-            del cfg.data["augment"]
 
 
 def _check(cfg: DictConfig) -> str | None:
