@@ -5,8 +5,9 @@
 Each split (`<folder>/train`, `val`, `test`) is written by LitData's `optimize()` in parallel
 workers: the images exactly as the data config serves them before augmentation (decoded,
 resized, uint8), or the sequences of `data=sequences` as the table holds them (float32 `(T, F)`,
-of any length; standardised as they are served, with the training split's statistics stored
-beside them), with their labels and their index in the split, in a seeded random order.
+any length, not standardised: data=streaming standardises them as data=sequences does, with the
+training split's statistics stored beside them), with their labels and their index in the
+split, in a seeded random order.
 Sources list their samples sorted (an image folder class by class), and LitData's shuffling
 only reorders chunks and the samples within the chunks a worker holds: a copy written in the
 source's order streams batches of mostly one class. `<folder>/kindling.json`
