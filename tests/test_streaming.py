@@ -2,6 +2,7 @@
 
 import json
 import logging
+import math
 import os
 import shutil
 import signal
@@ -14,16 +15,21 @@ import numpy as np
 import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
+from litdata import StreamingDataset
 from omegaconf import open_dict
 from PIL import Image
+from test_sequences import pattern_rows, write_table
+from torch.utils.data import Dataset
 from torchvision.transforms import v2
 
 from kindling.config.errors import UserError
+from kindling.config.instantiate import build
 from kindling.data import ImageFolderDataModule
 from kindling.data.prepared import METADATA_FILE, prepared_value, read_metadata
+from kindling.data.sequences import SequenceTableDataModule
 from kindling.data.streaming import StreamingDataModule
 from kindling.prepare import prepare
-from kindling.train import run
+from kindling.train import augment_images_only, run
 
 from conftest import PYTHON, QUIET, ROOT, prepare_cfg
 
@@ -384,3 +390,104 @@ def test_two_processes_read_disjoint_parts_of_each_epoch_in_step(
     val = ranks[0]["val"][0] + ranks[1]["val"][0]
     assert len(val) == len(set(val)) == 8
     assert not set(val) & set(train[0][0] + train[1][0])
+
+
+# Copies of sequences (python -m kindling.prepare data=sequences): the table's sequences, streamed.
+
+
+@pytest.fixture(scope="module")
+def sequence_table(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """40 sequences of 5-50 steps (tests/test_sequences.py), one feature value missing."""
+    rows = pattern_rows(40, seed=4)
+    rows[7]["x"] = None
+    return write_table(rows, tmp_path_factory.mktemp("sequences") / "table.csv")
+
+
+@pytest.fixture(scope="module")
+def sequence_copy(sequence_table: Path) -> Path:
+    output = sequence_table.parent / "prepared"
+    return prepare(prepare_cfg(
+        "data=sequences", f"data.path={sequence_table}", "data.missing=mean", f"output={output}",
+        "num_workers=1",
+    ))  # fmt: skip
+
+
+def streamed_sequences(copy: Path, **kwargs) -> StreamingDataModule:
+    args = {"num_features": 3, "max_length": 47, "batch_size": 4, "num_workers": 0}  # the table's
+    return StreamingDataModule(str(copy), 3, **{**args, **kwargs})
+
+
+def served(split: Dataset) -> list[tuple[int, tuple[float, ...]]]:
+    """Each `(steps, label)` of a split as `(label, steps' values)`, in a fixed order."""
+    return sorted((int(label), tuple(steps.flatten().tolist())) for steps, label in split)
+
+
+def test_a_copy_of_sequences_serves_the_tables_sequences(
+    sequence_table: Path, sequence_copy: Path
+) -> None:
+    table = SequenceTableDataModule(str(sequence_table), 3, 3, missing="mean")
+    table.setup("fit")
+    metadata = read_metadata(str(sequence_copy))
+    longest = max(len(steps) for steps, _ in table.data_train + table.data_val + table.data_test)
+    assert {key: metadata[key] for key in ("kind", "classes", "features", "num_features")} == {
+        "kind": "sequences", "classes": ["down", "flat", "up"], "features": ["x", "y", "z"],
+        "num_features": 3,
+    }  # fmt: skip
+    assert metadata["max_length"] == longest and "image_shape" not in metadata
+    assert metadata["mean"] == table.mean.tolist() and metadata["std"] == table.std.tolist()
+    data = streamed_sequences(sequence_copy)
+    data.setup("fit")
+    # The same standardised steps (the missing value the training mean: 0), labels and lengths.
+    for name in ("train", "val", "test"):
+        streamed = served(getattr(data, f"data_{name}"))
+        assert streamed == served(getattr(table, f"data_{name}")), name
+        assert metadata["splits"][name] == len(streamed)
+    assert not any(math.isnan(value) for _, steps in served(data.data_train) for value in steps)
+    # Stored in a seeded random order: a copy in the table's order streams it nearly sorted.
+    stored = [sample["index"] for sample in StreamingDataset(str(sequence_copy / "train"))]
+    assert sorted(stored) == list(range(len(stored))) and stored != sorted(stored)
+    # Batches padded as data=sequences pads them: zeros after each end, with the lengths.
+    steps, lengths, labels = next(iter(data.val_dataloader()))
+    assert steps.shape == (4, int(lengths.max()), 3) and labels.dtype == torch.long
+    assert all(one[length:].abs().sum() == 0 for one, length in zip(steps, lengths, strict=True))
+    assert data.on_after_batch_transfer((steps, lengths, labels), 0)[0] is steps
+
+
+def test_a_checkpoints_statistics_standardise_the_streamed_sequences(sequence_copy: Path) -> None:
+    """Lightning loads a checkpoint's state after `setup`: its statistics apply, not the copy's."""
+    data = streamed_sequences(sequence_copy)
+    data.setup("fit")
+    raw = next(iter(StreamingDataset(str(sequence_copy / "test"))))
+    mean, std = torch.tensor([1.0, 2.0, 3.0]), torch.tensor([2.0, 4.0, 8.0])
+    data.load_state_dict({**data.state_dict(), "mean": mean, "std": std})
+    steps, _ = next(iter(data.data_test))
+    torch.testing.assert_close(steps, ((raw["steps"] - mean) / std).nan_to_num(0.0))
+    assert data.state_dict()["features"] == ["x", "y", "z"]
+
+
+@pytest.mark.parametrize("model", ["rnn", "lstm", "gru", "transformer", "temporal_conv", "cnn"])
+def test_every_sequence_model_reads_a_streamed_copy_from_config_alone(
+    sequence_copy: Path, compose_config, model: str
+) -> None:
+    cfg = compose_config("data=streaming", f"data.input_dir={sequence_copy}", f"model={model}")
+    augment_images_only(cfg.data)  # flip_crop, data=streaming's default, is for images
+    if model == "cnn":
+        with pytest.raises(UserError, match=r"^model=cnn reads images, .* model=lstm") as error:
+            build(cfg.model, "model")
+        assert "\n" not in str(error.value)
+        return
+    assert cfg.model.net.image_shape is None and cfg.model.net.num_features == 3
+    assert cfg.model.num_classes == 3 and cfg.data.max_length == 47
+    data = build(cfg.data, "data")
+    data.setup("fit")
+    steps, lengths, labels = next(iter(data.val_dataloader()))
+    assert build(cfg.model, "model")(steps, lengths).shape == (len(labels), 3)
+
+
+def test_data_settings_that_disagree_with_a_copy_of_sequences(sequence_copy: Path) -> None:
+    for setting in ({"num_features": 2}, {"max_length": 10}, {"image_shape": [1, 8, 8]}):
+        with pytest.raises(UserError, match=rf"^data\.{next(iter(setting))}=.* Leave data"):
+            streamed_sequences(sequence_copy, **setting).setup("fit")
+    crop = {"crop": v2.RandomCrop(size=[8, 8])}
+    with pytest.raises(UserError, match=r"^data\.augment transforms images, .* holds sequences"):
+        streamed_sequences(sequence_copy, augment=crop).setup("fit")

@@ -4,7 +4,10 @@
 
 Each split (`<folder>/train`, `val`, `test`) is written by LitData's `optimize()` in parallel
 workers: the images exactly as the data config serves them before augmentation (decoded,
-resized, uint8), with their labels and their index in the split, in a seeded random order.
+resized, uint8), or the sequences of `data=sequences` as the table holds them (float32 `(T, F)`,
+any length, not standardised: data=streaming standardises them as data=sequences does, with the
+training split's statistics stored beside them), with their labels and their index in the
+split, in a seeded random order.
 Sources list their samples sorted (an image folder class by class), and LitData's shuffling
 only reorders chunks and the samples within the chunks a worker holds: a copy written in the
 source's order streams batches of mostly one class. `<folder>/kindling.json`
@@ -33,7 +36,8 @@ from kindling.config import resolvers  # noqa: F401 - importing registers the re
 from kindling.config.errors import UserError, find_user_error
 from kindling.config.instantiate import build
 from kindling.data.loaders import default_num_workers
-from kindling.data.prepared import FORMAT, METADATA_FILE, SPLITS, is_remote
+from kindling.data.prepared import FORMAT, IMAGES, METADATA_FILE, SEQUENCES, SPLITS, is_remote
+from kindling.data.sequences import Sequences
 from kindling.garbage_collection import skip_collections_at_exit
 
 log = logging.getLogger("kindling")
@@ -47,6 +51,13 @@ def prepared_sample(dataset: Dataset, mean: torch.Tensor, std: torch.Tensor, ind
     if image.dtype != torch.uint8:  # an in-memory set's standardised floats: back to pixels
         image = (image * std + mean).mul_(255.0).round_().clamp_(0, 255).to(torch.uint8)
     return {"index": index, "image": image.contiguous(), "label": int(label)}
+
+
+def prepared_sequence(dataset: Sequences, index: int) -> dict:
+    """Sequence `index` of `dataset` as stored: its steps as the table holds them (NaN where a
+    value is missing; standardised when served, as `Sequences` serves them), label and index."""
+    steps = dataset.sequences[index]
+    return {"index": index, "steps": steps.contiguous(), "label": int(dataset.labels[index])}
 
 
 def prepare(cfg: DictConfig) -> Path:
@@ -71,16 +82,30 @@ def prepare(cfg: DictConfig) -> Path:
     datamodule = build(data_cfg, "data")
     datamodule.setup("fit")
     splits = {name: getattr(datamodule, f"data_{name}") for name in SPLITS}
-    mean, std = datamodule.mean.view(-1, 1, 1), datamodule.std.view(-1, 1, 1)
-    image_shape = list(prepared_sample(splits["train"], mean, std, 0)["image"].shape)
     num_classes = datamodule.hparams.num_classes
     metadata: dict[str, Any] = {
         "format": FORMAT,
         "kindling_version": kindling.__version__,
         "classes": getattr(datamodule, "classes", None) or [str(i) for i in range(num_classes)],
-        "image_shape": image_shape,
-        "mean": mean.flatten().tolist(),
-        "std": std.flatten().tolist(),
+    }
+    if isinstance(splits["train"], Sequences):
+        stored = {name: functools.partial(prepared_sequence, data) for name, data in splits.items()}
+        longest = max(len(steps) for data in splits.values() for steps in data.sequences)
+        metadata |= {
+            "kind": SEQUENCES,
+            "features": datamodule.features,
+            "num_features": len(datamodule.features),
+            # What data=sequences gives the model configs: the table's longest, unless set.
+            "max_length": datamodule.hparams.max_length or longest,
+        }
+    else:
+        mean, std = datamodule.mean.view(-1, 1, 1), datamodule.std.view(-1, 1, 1)
+        stored = {name: functools.partial(prepared_sample, data, mean, std) for name, data in
+                  splits.items()}  # fmt: skip
+        metadata |= {"kind": IMAGES, "image_shape": list(stored["train"](0)["image"].shape)}
+    metadata |= {
+        "mean": datamodule.mean.flatten().tolist(),
+        "std": datamodule.std.flatten().tolist(),
         "splits": {name: len(dataset) for name, dataset in splits.items()},
         "source": source,
     }
@@ -92,7 +117,7 @@ def prepare(cfg: DictConfig) -> Path:
         log.info("Writing %s: %d samples, %d workers.", output / name, len(dataset), workers)
         shutil.rmtree(output / name, ignore_errors=True)  # an interrupted prepare's part
         optimize(
-            fn=functools.partial(prepared_sample, dataset, mean, std),
+            fn=stored[name],
             inputs=torch.randperm(len(dataset), generator=generator).tolist(),
             output_dir=str((output / name).resolve()),
             num_workers=min(workers, len(dataset)),

@@ -21,7 +21,7 @@ from lightning.pytorch.callbacks import (
 )
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from kindling.callbacks import CheckpointOnInterrupt, ConfigInCheckpoint
 from kindling.checkpoints import is_url
@@ -65,6 +65,7 @@ def run(cfg: DictConfig) -> float | None:
 
 
 def train_and_test(cfg: DictConfig) -> float | None:
+    augment_images_only(cfg.data)
     checkpoint = _check(cfg)
     record_dir = resumed.record_dir(cfg.paths.output_dir)  # a resumed run keeps the first's record
     print_config_tree(cfg, save_dir=record_dir)
@@ -99,6 +100,15 @@ def train_and_test(cfg: DictConfig) -> float | None:
     # A test-only run (train=false) has no validation metrics to return.
     name = cfg.get("optimized_metric") if cfg.get("train") else None
     return _optimized_metric(name, metrics)
+
+
+def augment_images_only(data: DictConfig) -> None:
+    """Leave out the augment entries of data without images (data=streaming's default, flip_crop,
+    on a copy of sequences): they transform images, and the crop reads `data.image_shape`, null
+    there, which would stop the config from resolving."""
+    if data.get("augment") and data.get("image_shape") is None:
+        with open_dict(data):
+            del data["augment"]
 
 
 def build_trainer(

@@ -25,10 +25,12 @@ def sequence_table(key: str, *, _parent_: Any) -> int:
     return table_value(key, _parent_=_parent_)
 
 
-def prepared_value(input_dir: str | None, key: str, storage_options: Any = None) -> int:
+def prepared_value(input_dir: str | None, key: str, storage_options: Any = None) -> Any:
     from kindling.data.prepared import prepared_value
 
-    return prepared_value(input_dir, key, storage_options)
+    value = prepared_value(input_dir, key, storage_options)
+    # A list node, not a plain list: the augment configs select into it, `${data.image_shape.1}`.
+    return OmegaConf.create(value) if isinstance(value, list) else value
 
 
 def pretrained_input(key: str, default: Any, *, _root_: Any) -> Any:
@@ -70,5 +72,6 @@ OmegaConf.register_new_resolver("not", lambda value: not value, replace=True)
 # data=image_folder's size and statistics follow a pretrained timm net:
 # `mean: ${pretrained_input:mean,null}`.
 OmegaConf.register_new_resolver("pretrained_input", pretrained_input, replace=True)
-# data=streaming reads its classes and image shape from the prepared copy.
+# data=streaming reads its classes and image shape (or feature count and longest sequence) from
+# the prepared copy: `${prepared:${data.input_dir},num_classes,${data.storage_options}}`.
 OmegaConf.register_new_resolver("prepared", prepared_value, replace=True)

@@ -1,7 +1,9 @@
 """The description `python -m kindling.prepare` writes beside a prepared copy, and reading it back.
 
-`<dir>/kindling.json` holds the kindling version and format, the class names, the image shape,
-the per-channel statistics and the sample count of each split. It is written twice: first
+`<dir>/kindling.json` holds the kindling version and format, the kind of samples (`images` or
+`sequences`), the class names, the sample count of each split and, for images, their shape and
+per-channel statistics; for sequences, the feature names, `num_features`, `max_length` and the
+per-feature statistics of the training split. It is written twice: first
 without `complete` (the folder is kindling's, the work is under way), then with `complete: true`
 once every split is written. A copy without it is an interrupted prepare; one of another format
 was written by a kindling that stores samples differently.
@@ -15,10 +17,12 @@ from typing import Any
 from kindling.config.errors import UserError
 
 METADATA_FILE = "kindling.json"
-# The layout of a prepared sample (`{"index", "image", "label"}`, uint8 `(C, H, W)` images).
-# 2: each split written in a seeded random order (1 kept the source's order, which streams
-# nearly sorted by class).
+# The layout of a prepared sample: `{"index", "image", "label"}` (uint8 `(C, H, W)` images) or,
+# in a copy whose `kind` is sequences, `{"index", "steps", "label"}` (float32 `(T, F)` as the
+# table holds them). 2: each split written in a seeded random order (1 kept the source's order,
+# which streams nearly sorted by class). A copy without `kind` holds images (the first copies).
 FORMAT = 2
+IMAGES, SEQUENCES = "images", "sequences"
 OLDER_FORMATS = {1: " (format 1 streams samples in the source's order, nearly sorted by class)"}
 SPLITS = ("train", "val", "test")
 S3_TIMEOUT_S = 10  # per attempt: an unreachable address fails in seconds, not after retries
@@ -61,9 +65,17 @@ def read_metadata(input_dir: str, storage_options: dict[str, Any] | None = None)
     return metadata
 
 
-def prepared_value(input_dir: str | None, key: str, storage_options: Any = None) -> int:
-    """`num_classes`, `channels`, `height` or `width` of the prepared copy at `input_dir` (the
-    `${prepared:...}` config resolver: data=streaming reads them from the copy)."""
+def kind(metadata: dict[str, Any]) -> str:
+    """What a prepared copy holds: `images` or `sequences`."""
+    return metadata.get("kind", IMAGES)
+
+
+def prepared_value(
+    input_dir: str | None, key: str, storage_options: Any = None
+) -> int | list[int] | None:
+    """`num_classes`, `image_shape`, `num_features` or `max_length` of the prepared copy at
+    `input_dir`; None where its kind has no such value (the `${prepared:...}` config resolver:
+    data=streaming reads them from the copy, the model configs from data=streaming)."""
     if input_dir is None:
         raise UserError(
             "data=streaming needs the prepared copy: data.input_dir=<folder or s3://bucket/prefix>"
@@ -73,7 +85,7 @@ def prepared_value(input_dir: str | None, key: str, storage_options: Any = None)
     metadata = _cached_metadata(input_dir, options)
     if key == "num_classes":
         return len(metadata["classes"])
-    return metadata["image_shape"][("channels", "height", "width").index(key)]
+    return metadata.get(key)
 
 
 @functools.lru_cache

@@ -22,6 +22,12 @@ log = logging.getLogger(__name__)
 SequenceBatch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
+def standardised(steps: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+    """Steps `(T, F)` as a table holds them, standardised per feature; a missing value (NaN)
+    becomes the mean: 0. What every sequence data set serves (a table, a streamed copy)."""
+    return ((steps - mean) / std).nan_to_num(0.0)
+
+
 class Sequences(Dataset):
     """Sequences `(T_i, F)` as the table holds them and their class indices, served standardised
     with `mean` and `std` (`(F,)`; a missing value becomes the mean: 0); `collate` pads a batch.
@@ -44,8 +50,7 @@ class Sequences(Dataset):
         return len(self.sequences)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        steps = ((self.sequences[index] - self.mean) / self.std).nan_to_num(0.0)
-        return steps, self.labels[index]
+        return standardised(self.sequences[index], self.mean, self.std), self.labels[index]
 
     @staticmethod
     def collate(samples: list[tuple[torch.Tensor, torch.Tensor]]) -> SequenceBatch:

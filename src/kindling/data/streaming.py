@@ -1,4 +1,5 @@
-"""A prepared copy of an image data set, streamed by LitData from a folder or object storage."""
+"""A prepared copy of an image or sequence data set, streamed by LitData from a folder or object
+storage."""
 
 import logging
 import tempfile
@@ -14,7 +15,8 @@ from kindling.config.errors import UserError
 from kindling.data.augment import Transform, worker_transform
 from kindling.data.loaders import SplitDataModule, per_device_batch_size
 from kindling.data.normalize import to_model_input
-from kindling.data.prepared import read_metadata, split_location
+from kindling.data.prepared import SEQUENCES, kind, read_metadata, split_location
+from kindling.data.sequences import Sequences, standardised
 
 log = logging.getLogger(__name__)
 
@@ -46,20 +48,42 @@ class StreamingImages(StreamingDataset):
         return image, sample["label"]
 
 
+class StreamingSequences(StreamingDataset):
+    """`(steps, label)` pairs of one prepared split of sequences, served as `Sequences` serves
+    them: standardised with `mean` and `std` (`(F,)`; the copy's, or a checkpoint's set after
+    `setup`), batched by its `collate` (padded, with the lengths)."""
+
+    collate = staticmethod(Sequences.collate)
+
+    def __init__(self, *args: Any, mean: torch.Tensor, std: torch.Tensor, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.mean, self.std = mean, std
+
+    def __getitem__(self, index: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        sample = super().__getitem__(index)
+        steps = standardised(sample["steps"], self.mean, self.std)
+        return steps, torch.tensor(sample["label"])
+
+
 class StreamingDataModule(SplitDataModule):
-    """The splits `python -m kindling.prepare` wrote, streamed with LitData.
+    """The splits `python -m kindling.prepare` wrote, of images or sequences, streamed with LitData.
 
     Every process of a multi-device run reads its own part of each epoch, all the same number
     of batches (evaluation on several processes leaves out the remainder of the split, fewer
     samples than processes x batch size; on one process it sees every sample). The train
     loader's position is saved in checkpoints: a run resumed mid-epoch reads exactly the
-    samples the interrupted one had left. Batches cross to the device as uint8 and are
-    standardised there with the statistics stored with the copy.
+    samples the interrupted one had left. Image batches cross to the device as uint8 and are
+    standardised there with the statistics stored with the copy (or the checkpoint); sequences
+    are standardised in the workers, as data=sequences serves them, and padded per batch:
+    `(steps (B, T, F), lengths (B,), labels (B,))`.
 
     Args:
         input_dir: the prepared folder: a local path or `s3://bucket/prefix`.
         num_classes: the number of classes; checked against the prepared copy.
-        image_shape: `[channels, height, width]`; checked against the prepared copy.
+        image_shape: `[channels, height, width]` of a copy of images (None for sequences);
+            checked against the prepared copy.
+        num_features, max_length: features per step and the longest sequence of a copy of
+            sequences (None for images); checked against the prepared copy.
         batch_size: the global batch size, divided evenly over the processes of a run.
         cache_dir: where chunks of a remote copy are kept (null: LitData's default,
             ~/.lightning/chunks); each split uses a folder of its own in it.
@@ -68,7 +92,7 @@ class StreamingDataModule(SplitDataModule):
         shuffle_seed: seed of the training order (configs pass the run's `seed`); None draws
             one, the same on every process.
         augment: training-time transforms (torchvision.transforms.v2, applied to uint8 images
-            in the workers), as for image folders.
+            in the workers), as for image folders; a copy of sequences takes none.
         num_workers: DataLoader worker processes per device; null: the CPUs available to this
             process shared by the processes of this machine.
         pin_memory: page-locked host batches for faster copies (used only on CUDA).
@@ -79,7 +103,9 @@ class StreamingDataModule(SplitDataModule):
         self,
         input_dir: str,
         num_classes: int,
-        image_shape: Sequence[int],
+        image_shape: Sequence[int] | None = None,
+        num_features: int | None = None,
+        max_length: int | None = None,
         batch_size: int = 64,
         cache_dir: str | None = None,
         max_cache_size: str | None = None,
@@ -95,8 +121,10 @@ class StreamingDataModule(SplitDataModule):
         per_device_batch_size(batch_size, 1)
         self.transform = worker_transform(augment)
         self.classes: list[str] | None = None
-        self.mean: torch.Tensor | None = None  # (1, C, 1, 1), [0, 1] units
+        self.features: list[str] | None = None  # a copy of sequences: the table's feature names
+        self.mean: torch.Tensor | None = None  # images: (1, C, 1, 1), [0, 1] units; sequences: (F,)
         self.std: torch.Tensor | None = None
+        self.kind: str | None = None  # what the copy holds: images or sequences
         self.train_loader: StreamingDataLoader | None = None
         self._train_loader_state: dict[str, Any] | None = None  # from a checkpoint
 
@@ -114,18 +142,26 @@ class StreamingDataModule(SplitDataModule):
                 f"but the checkpoint was trained on {', '.join(self.classes)}. Use a copy of the "
                 "checkpoint's data."
             )
-        self.classes = metadata["classes"]
+        self.classes, self.kind = metadata["classes"], kind(metadata)
+        self.features = metadata.get("features")
         if self.mean is None:
-            self.mean = torch.tensor(metadata["mean"]).view(1, -1, 1, 1)
-            self.std = torch.tensor(metadata["std"]).view(1, -1, 1, 1)
+            shape = (-1,) if self.kind == SEQUENCES else (1, -1, 1, 1)
+            self.mean = torch.tensor(metadata["mean"]).view(shape)
+            self.std = torch.tensor(metadata["std"]).view(shape)
         seed = hp.shuffle_seed
         if seed is None:  # an unseeded run: a new order, the same on every process
             seed = int(torch.randint(2**31, ()))
             if self.trainer is not None:
                 seed = self.trainer.strategy.broadcast(seed)
+        if self.kind == SEQUENCES:
+            dataset, augmented = StreamingSequences, {}
+            served = {"mean": self.mean, "std": self.std}
+        else:
+            dataset, served = StreamingImages, {}
+            augmented = {"augment": self.transform, "augment_seed": seed}
 
-        def split(name: str, **kwargs: Any) -> StreamingImages:
-            return StreamingImages(
+        def split(name: str, **kwargs: Any) -> StreamingImages | StreamingSequences:
+            return dataset(
                 split_location(hp.input_dir, name),
                 cache_dir=self._cache_dir(name),
                 max_cache_size=hp.max_cache_size,
@@ -133,16 +169,15 @@ class StreamingDataModule(SplitDataModule):
                 # Per item: with shuffling, LitData's windowed decoding of small samples decodes
                 # whole windows again and again.
                 batch_decode=0,
+                **served,
                 **kwargs,
             )
 
-        self.data_train = split(
-            "train", shuffle=True, seed=seed, augment=self.transform, augment_seed=seed
-        )
+        self.data_train = split("train", shuffle=True, seed=seed, **augmented)
         self.data_val = split("val")
         self.data_test = split("test")
         counts = ", ".join(f"{name} {count}" for name, count in metadata["splits"].items())
-        log.info("%s: %d classes; images: %s.", hp.input_dir, len(self.classes), counts)
+        log.info("%s: %d classes; %s: %s.", hp.input_dir, len(self.classes), self.kind, counts)
 
     def _check(self, metadata: dict[str, Any]) -> None:
         hp = self.hparams
@@ -152,11 +187,20 @@ class StreamingDataModule(SplitDataModule):
                 f"{len(metadata['classes'])} classes. Leave data.num_classes out: it is read "
                 "from the prepared copy."
             )
-        if list(hp.image_shape) != list(metadata["image_shape"]):
+        for key in ("image_shape", "num_features", "max_length"):
+            given, stored = hp[key], metadata.get(key)  # None where the copy's kind has none
+            if isinstance(given, Sequence):
+                given = list(given)
+            if given != stored:
+                raise UserError(
+                    f"data.{key}={given} but {hp.input_dir} holds {kind(metadata)} with {key} "
+                    f"{stored}. Leave data.{key} out: it is read from the prepared copy (prepare "
+                    "again to change it)."
+                )
+        if self.transform is not None and kind(metadata) == SEQUENCES:
             raise UserError(
-                f"data.image_shape={list(hp.image_shape)} but {hp.input_dir} holds images of "
-                f"shape {metadata['image_shape']}. Leave data.image_shape out: it is read from "
-                "the prepared copy (prepare again to change the size)."
+                f"data.augment transforms images, and {hp.input_dir} holds sequences. Leave "
+                "data.augment out (data/augment=none)."
             )
 
     def _cache_dir(self, split: str) -> str | None:
@@ -191,6 +235,7 @@ class StreamingDataModule(SplitDataModule):
             # process's: a resumed run makes an iterator the uninterrupted one did not, and its
             # dropout masks would differ. (Samples are augmented with seeds of their own.)
             generator=torch.Generator(),
+            collate_fn=getattr(dataset, "collate", None),  # sequences: padded, with lengths
         )
 
     def train_dataloader(self) -> StreamingDataLoader:
@@ -223,6 +268,8 @@ class StreamingDataModule(SplitDataModule):
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         if not isinstance(batch, list | tuple):  # the model summary's example input
             return batch
+        if self.kind == SEQUENCES:  # standardised in the workers (StreamingSequences)
+            return batch
         images, labels = batch
         mean, std = self.mean.to(images.device), self.std.to(images.device)
         return to_model_input(images, mean, std), labels
@@ -231,6 +278,8 @@ class StreamingDataModule(SplitDataModule):
         # Lightning stores this in every checkpoint: prediction needs no training data, and
         # resumed training continues where the train loader stopped.
         state = {"mean": self.mean, "std": self.std, "classes": self.classes}
+        if self.features is not None:  # sequences: what kindling.predict reads from a table
+            state["features"] = self.features
         if self.train_loader is not None:
             state["train_loader"] = self.train_loader.state_dict()
         return state
@@ -238,4 +287,10 @@ class StreamingDataModule(SplitDataModule):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.mean, self.std = state_dict["mean"], state_dict["std"]
         self.classes = state_dict["classes"]
+        self.features = state_dict.get("features", self.features)
         self._train_loader_state = state_dict.get("train_loader")
+        # Lightning loads a checkpoint's state after `setup`: sequences, standardised in the
+        # workers, are served with its statistics (images are standardised with `self.mean`).
+        for split in (self.data_train, self.data_val, self.data_test):
+            if isinstance(split, StreamingSequences):
+                split.mean, split.std = self.mean, self.std
