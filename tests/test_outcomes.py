@@ -15,6 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet
 import pytest
 import torch
 import torch.nn.functional as F
@@ -25,6 +26,7 @@ from test_sequences import pattern_rows, write_table
 
 from kindling.data.streaming import StreamingDataModule
 from kindling.loading import instantiate_stored, load_module
+from kindling.predict import PredictArgs, predict
 from kindling.prepare import prepare
 from kindling.train import run
 
@@ -258,3 +260,13 @@ def test_a_sequence_table_learns_as_well_from_its_streamed_copy(
     cfg = compose_config(*SEQUENCE_PATHS[path](sequence_table, sequence_copy), *SEQUENCE_SETTINGS)
     run(cfg)
     assert metrics(tmp_path / "run")["test/acc"] >= 0.85
+    # kindling.predict reads the table as the checkpoint's data read it, the copy's too.
+    checkpoint = next((tmp_path / "run" / "checkpoints").glob("epoch_*.ckpt"))
+    output = predict(PredictArgs(str(checkpoint), str(sequence_table), str(tmp_path / "p.csv")))
+    labels = {
+        row["id"]: row["label"] for row in pyarrow.parquet.read_table(sequence_table).to_pylist()
+    }
+    with open(output) as f:
+        predicted = {row["id"]: row["class"] for row in csv.DictReader(f)}
+    assert predicted.keys() == labels.keys()
+    assert np.mean([predicted[i] == labels[i] for i in labels]) >= 0.85

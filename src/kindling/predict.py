@@ -39,7 +39,7 @@ from kindling.data.folder import IMAGE_SUFFIXES, image_files
 from kindling.data.image_files import UnreadableImage, read_image
 from kindling.data.loaders import default_num_workers
 from kindling.data.normalize import to_model_input
-from kindling.data.sequence_table import Columns, read_sequence_table
+from kindling.data.sequence_table import TABLE_READING, Columns, read_sequence_table
 from kindling.data.sequences import Sequences
 from kindling.garbage_collection import skip_collections_at_exit
 from kindling.hardware import best_precision
@@ -184,10 +184,10 @@ def sequences_to_predict(
     of their sequences: read as the training table was (kindling.data.sequence_table, the
     checkpoint's column names and `missing`), features in the checkpoint's order, standardised
     with its statistics as in training (kindling.data.sequences.Sequences)."""
-    columns = Columns(data_cfg["id_column"], data_cfg["label_column"], data_cfg["time_column"],
-                      data_cfg["split_column"])  # fmt: skip
+    reading = state.get("table_reading") or data_cfg  # a streamed copy's: how its table was read
+    columns = Columns(*(reading[key] for key in TABLE_READING[:4]))
     table = read_sequence_table(
-        args.input, columns, data_cfg["missing"], to_predict=True, option="input"
+        args.input, columns, reading["missing"], to_predict=True, option="input"
     )
     trained = list(state["features"])
     check_features(table.features, trained, args.input, columns)

@@ -11,6 +11,9 @@ import torch
 from kindling.config.errors import UserError
 
 SPLITS = ("train", "val", "test")
+# The data config keys that say how a table is read: the columns' names (Columns' order), and
+# what a missing value does.
+TABLE_READING = ("id_column", "label_column", "time_column", "split_column", "missing")
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from kindling.data.augment import Transform, worker_transform
 from kindling.data.loaders import SplitDataModule, per_device_batch_size
 from kindling.data.normalize import to_model_input
 from kindling.data.prepared import SEQUENCES, kind, read_metadata, split_location
+from kindling.data.sequence_table import TABLE_READING
 from kindling.data.sequences import Sequences, standardised
 
 log = logging.getLogger(__name__)
@@ -122,6 +123,7 @@ class StreamingDataModule(SplitDataModule):
         self.transform = worker_transform(augment)
         self.classes: list[str] | None = None
         self.features: list[str] | None = None  # a copy of sequences: the table's feature names
+        self.table_reading: dict[str, Any] | None = None  # and how the table was read
         self.mean: torch.Tensor | None = None  # images: (1, C, 1, 1), [0, 1] units; sequences: (F,)
         self.std: torch.Tensor | None = None
         self.kind: str | None = None  # what the copy holds: images or sequences
@@ -144,6 +146,8 @@ class StreamingDataModule(SplitDataModule):
             )
         self.classes, self.kind = metadata["classes"], kind(metadata)
         self.features = metadata.get("features")
+        if self.kind == SEQUENCES:  # kindling.predict reads a new table the same way
+            self.table_reading = {key: metadata["source"][key] for key in TABLE_READING}
         if self.mean is None:
             shape = (-1,) if self.kind == SEQUENCES else (1, -1, 1, 1)
             self.mean = torch.tensor(metadata["mean"]).view(shape)
@@ -279,7 +283,7 @@ class StreamingDataModule(SplitDataModule):
         # resumed training continues where the train loader stopped.
         state = {"mean": self.mean, "std": self.std, "classes": self.classes}
         if self.features is not None:  # sequences: what kindling.predict reads from a table
-            state["features"] = self.features
+            state["features"], state["table_reading"] = self.features, self.table_reading
         if self.train_loader is not None:
             state["train_loader"] = self.train_loader.state_dict()
         return state
@@ -288,6 +292,7 @@ class StreamingDataModule(SplitDataModule):
         self.mean, self.std = state_dict["mean"], state_dict["std"]
         self.classes = state_dict["classes"]
         self.features = state_dict.get("features", self.features)
+        self.table_reading = state_dict.get("table_reading", self.table_reading)
         self._train_loader_state = state_dict.get("train_loader")
         # Lightning loads a checkpoint's state after `setup`: sequences, standardised in the
         # workers, are served with its statistics (images are standardised with `self.mean`).
