@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import lightning as L
 import numpy as np
@@ -491,3 +492,15 @@ def test_data_settings_that_disagree_with_a_copy_of_sequences(sequence_copy: Pat
     crop = {"crop": v2.RandomCrop(size=[8, 8])}
     with pytest.raises(UserError, match=r"^data\.augment transforms images, .* holds sequences"):
         streamed_sequences(sequence_copy, augment=crop).setup("fit")
+
+
+def test_a_split_smaller_than_one_batch_per_process_is_refused(sequence_copy: Path) -> None:
+    """Several processes evaluate whole batches only: a split smaller than one batch on each
+    would log no val/loss at all, and the run would end without its metric."""
+    module = streamed_sequences(sequence_copy, batch_size=2000)
+    module.trainer = SimpleNamespace(world_size=2)
+    with pytest.raises(
+        UserError, match=r"the \d+ val samples are fewer than one batch on each of 2"
+    ):
+        module.setup("fit")
+    streamed_sequences(sequence_copy, batch_size=2000).setup("fit")  # one process: every sample

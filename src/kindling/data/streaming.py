@@ -206,6 +206,17 @@ class StreamingDataModule(SplitDataModule):
                 f"data.augment transforms images, and {hp.input_dir} holds sequences. Leave "
                 "data.augment out (data/augment=none)."
             )
+        world_size = self.trainer.world_size if self.trainer is not None else 1
+        whole = world_size * self.batch_size_per_device  # what one evaluation step takes
+        for name in ("val", "test"):
+            count = metadata["splits"][name]
+            if world_size > 1 and count < whole:
+                raise UserError(
+                    f"{hp.input_dir}: the {count} {name} samples are fewer than one batch on each "
+                    f"of {world_size} processes (data.batch_size={hp.batch_size}), which evaluate "
+                    f"whole batches only. Set data.batch_size={count // world_size * world_size} "
+                    "or less, or evaluate on one process."
+                )
 
     def _cache_dir(self, split: str) -> str | None:
         """The split's cache folder, checked writable (LitData would fail in its workers)."""
