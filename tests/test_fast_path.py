@@ -50,8 +50,9 @@ def test_channels_last_and_bf16_follow_the_float32_curve(compose_config, tmp_pat
     nhwc = train_losses(compose_config, tmp_path / "nhwc", "model.channels_last=true")
     bf16 = train_losses(compose_config, tmp_path / "bf16", "trainer.precision=bf16-mixed")
     assert len(fp32) == len(nhwc) == len(bf16) == 3
-    # Same math; other kernels sum in another order, so the last bits differ.
-    assert nhwc == pytest.approx(fp32, rel=2e-3)
+    # Same math; other kernels sum in another order, so the last bits differ, and the
+    # difference grows over the epochs (0.2% by the third with one thread per process).
+    assert nhwc == pytest.approx(fp32, rel=5e-3)
     # The run did train in NHWC: its weights are saved in that layout.
     channels_last = torch.channels_last
     assert conv_weight(tmp_path / "nhwc").is_contiguous(memory_format=channels_last)
