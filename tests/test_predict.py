@@ -175,6 +175,20 @@ def test_a_pickled_payload_is_refused_without_running(tmp_path: Path, caplog) ->
     assert victim.read_text() == "kept"
 
 
+def predict_on_two_processes(
+    checkpoint: Path, input: Path, output: Path, *options: str, cwd: Path
+) -> subprocess.CompletedProcess:
+    """`python -m kindling.predict ... devices=2` on the CPU, checked to have run 2 processes."""
+    result = subprocess.run(
+        [*PYTHON, "-m", "kindling.predict", f"ckpt_path={checkpoint}", f"input={input}",
+         f"output={output}", "devices=2", "accelerator=cpu", *options],
+        cwd=cwd, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "Starting with 2 processes" in result.stderr
+    return result
+
+
 @pytest.mark.slow
 def test_two_processes_write_each_file_once_in_the_folder_s_order(
     checkpoint: Path, tmp_path: Path
@@ -187,13 +201,7 @@ def test_two_processes_write_each_file_once_in_the_folder_s_order(
         write_png(pixels, str(folder / ("b" if i % 3 else "") / f"digit_{i:02d}.png"))
     (folder / "b" / "corrupt.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(40)))
     output = tmp_path / "out" / "p.csv"
-    result = subprocess.run(
-        [*PYTHON, "-m", "kindling.predict", f"ckpt_path={checkpoint}", f"input={folder}",
-         f"output={output}", "devices=2", "accelerator=cpu", "num_workers=0"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    assert "Starting with 2 processes" in result.stderr
+    result = predict_on_two_processes(checkpoint, folder, output, "num_workers=0", cwd=tmp_path)
     assert "Predicting" in result.stdout + result.stderr  # the progress bar
     rows = read_rows(output)
     files = sorted(str(f) for f in folder.rglob("digit_*.png"))
@@ -327,13 +335,7 @@ def test_two_processes_predict_each_sequence_once(
     rows = pattern_rows(13, seed=10)  # an odd count: the processes' shares differ
     table = write_table(rows, tmp_path / "new.parquet")
     output = tmp_path / "out" / "p.csv"
-    result = subprocess.run(
-        [*PYTHON, "-m", "kindling.predict", f"ckpt_path={sequence_checkpoint}", f"input={table}",
-         f"output={output}", "devices=2", "accelerator=cpu", "batch_size=4"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    assert "Starting with 2 processes" in result.stderr
+    predict_on_two_processes(sequence_checkpoint, table, output, "batch_size=4", cwd=tmp_path)
     two = read_rows(output)
     assert [r["id"] for r in two] == first_appearances(rows)
     one = predict(PredictArgs(str(sequence_checkpoint), str(table), str(tmp_path / "one.csv"),
