@@ -139,6 +139,16 @@ def test_ddp_config_uses_gpus_and_syncs_batch_norm(compose_config) -> None:
     assert cfg.trainer.sync_batchnorm is True
 
 
+def test_the_checkpoint_tested_may_be_the_last_epochs(compose_config) -> None:
+    """`callbacks.model_checkpoint.monitor=null` tests the last epoch: Lightning refuses two
+    ModelCheckpoints whose state keys (monitor, mode, intervals) are equal."""
+    cfg = compose_config("callbacks.model_checkpoint.monitor=null")
+    checkpoints = [instantiate(node) for node in cfg.callbacks.values()
+                   if node and node._target_.endswith("ModelCheckpoint")]  # fmt: skip
+    assert len(checkpoints) == 3
+    assert len({callback.state_key for callback in checkpoints}) == 3
+
+
 def test_callbacks_and_loggers_are_named_entries(compose_config) -> None:
     cfg = compose_config()
     assert set(cfg.callbacks) >= {
