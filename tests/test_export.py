@@ -172,11 +172,10 @@ def test_every_sequence_family_exports_with_a_dynamic_batch_and_length(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("sequence_checkpoint", ["rnn"], indirect=True)  # the same check for all
 def test_a_sequence_export_that_computes_something_else_is_refused(
-    sequence_checkpoint: Path, tmp_path: Path, monkeypatch, request
+    sequence_checkpoint: Path, tmp_path: Path, monkeypatch
 ) -> None:
-    if request.node.callspec.params["sequence_checkpoint"] != "rnn":
-        pytest.skip("one family is enough: the check is the same code for every family")
     exporter = export_command.EXPORTERS["torch_export"]
 
     def off_by_a_little(*args):
