@@ -76,16 +76,21 @@ def test_the_command_exports_the_cnn_and_prints_the_differences(
     assert {p.name for p in tmp_path.iterdir()} >= {"cnn.onnx", "cnn.pt2", "cnn.json"}
 
 
-def test_an_export_that_computes_something_else_is_refused_in_one_line(
-    trained_run, tmp_path: Path, monkeypatch, caplog
-) -> None:
-    exporter = export_command.EXPORTERS["onnx"]
+def export_off_by_a_little(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """The `name` exporter's files give the right logits plus 1e-3: over the tolerance."""
+    exporter = export_command.EXPORTERS[name]
 
     def off_by_a_little(*args):
         runner = exporter(*args)
-        return lambda images: runner(images) + 1e-3
+        return lambda inputs: runner(inputs) + 1e-3
 
-    monkeypatch.setitem(export_command.EXPORTERS, "onnx", off_by_a_little)
+    monkeypatch.setitem(export_command.EXPORTERS, name, off_by_a_little)
+
+
+def test_an_export_that_computes_something_else_is_refused_in_one_line(
+    trained_run, tmp_path: Path, monkeypatch, caplog
+) -> None:
+    export_off_by_a_little(monkeypatch, "onnx")
     argv = [f"ckpt_path={trained_run.last_checkpoint}", f"output={tmp_path / 'm'}", "format=onnx"]
     with pytest.raises(SystemExit) as stopped:
         export_command.main(argv)
@@ -176,13 +181,7 @@ def test_every_sequence_family_exports_with_a_dynamic_batch_and_length(
 def test_a_sequence_export_that_computes_something_else_is_refused(
     sequence_checkpoint: Path, tmp_path: Path, monkeypatch
 ) -> None:
-    exporter = export_command.EXPORTERS["torch_export"]
-
-    def off_by_a_little(*args):
-        runner = exporter(*args)
-        return lambda inputs: runner(inputs) + 1e-3
-
-    monkeypatch.setitem(export_command.EXPORTERS, "torch_export", off_by_a_little)
+    export_off_by_a_little(monkeypatch, "torch_export")
     with pytest.raises(
         UserError,
         match=r"The torch_export export of this RNNClassifier differs "
