@@ -39,7 +39,7 @@ from kindling.data.folder import IMAGE_SUFFIXES, image_files
 from kindling.data.image_files import UnreadableImage, read_image
 from kindling.data.loaders import default_num_workers
 from kindling.data.normalize import to_model_input
-from kindling.data.sequence_table import TABLE_READING, Columns, read_sequence_table
+from kindling.data.sequence_table import Columns, read_sequence_table
 from kindling.data.sequences import Sequences
 from kindling.garbage_collection import skip_collections_at_exit
 from kindling.hardware import best_precision
@@ -185,7 +185,7 @@ def sequences_to_predict(
     checkpoint's column names and `missing`), features in the checkpoint's order, standardised
     with its statistics as in training (kindling.data.sequences.Sequences)."""
     reading = state.get("table_reading") or data_cfg  # a streamed copy's: how its table was read
-    columns = Columns(*(reading[key] for key in TABLE_READING[:4]))
+    columns = Columns.of(reading)
     table = read_sequence_table(
         args.input, columns, reading["missing"], to_predict=True, option="input"
     )

@@ -11,7 +11,7 @@ import torch
 from kindling.config.errors import UserError
 
 SPLITS = ("train", "val", "test")
-# The data config keys that say how a table is read: the columns' names (Columns' order), and
+# The data config keys that say how a table is read: the columns' names (`Columns.of`) and
 # what a missing value does.
 TABLE_READING = ("id_column", "label_column", "time_column", "split_column", "missing")
 
@@ -24,6 +24,11 @@ class Columns:
     label: str = "label"
     time: str | None = "time"  # optional: rows keep their file order without it
     split: str | None = "split"  # optional: val and test are carved without it
+
+    @classmethod
+    def of(cls, config: Any) -> "Columns":
+        """The names a data config (or a mapping with its keys) gives: `data.id_column`, ..."""
+        return cls(*(config[f"{name}_column"] for name in ("id", "label", "time", "split")))
 
 
 @dataclass
@@ -245,8 +250,6 @@ def table_value(key: str, *, _parent_: Any) -> int:
     if OmegaConf.is_missing(_parent_, "path") or _parent_.path is None:
         return 0  # no table named yet: the data module refuses to start without one
     path = _parent_.path
-    columns = Columns(
-        _parent_.id_column, _parent_.label_column, _parent_.time_column, _parent_.split_column
-    )
+    columns = Columns.of(_parent_)
     mtime = Path(path).stat().st_mtime if Path(path).is_file() else 0.0
     return _summary(str(path), mtime, columns)[key]

@@ -41,10 +41,11 @@ class Sequences(Dataset):
         labels: torch.Tensor,
         mean: torch.Tensor,
         std: torch.Tensor,
+        ids: list | None = None,
     ):
         self.sequences, self.labels = sequences, labels
         self.mean, self.std = mean, std
-        self.ids: list | None = None  # each sequence's id in the table, where known
+        self.ids = ids  # each sequence's id in the table (kindling.predict names rows with it)
 
     def __len__(self) -> int:
         return len(self.sequences)
@@ -154,11 +155,10 @@ class SequenceTableDataModule(SplitDataModule):
                 table.labels[indices],
                 self.mean,
                 self.std,
+                [table.ids[i] for i in indices.tolist()],
             )
             for name, indices in splits.items()
         }
-        for name, indices in splits.items():  # what kindling.predict names rows with
-            datasets[name].ids = [table.ids[i] for i in indices.tolist()]
         self.data_train, self.data_val, self.data_test = (datasets[s] for s in splits)
         lengths = [len(s) for s in table.sequences]
         counts = ", ".join(f"{name} {len(indices)}" for name, indices in splits.items())
