@@ -32,6 +32,7 @@ import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -71,7 +72,7 @@ class Step:
     name: str
     limit_s: int
     commands: list[list[str]]
-    read: "callable"
+    read: Callable[[list[str], Path], dict]
     result: dict = field(default_factory=dict)
 
 
@@ -219,7 +220,7 @@ def steps(cpu: bool, work: Path) -> list[Step]:
         where = [f"paths.log_dir={work / label / 'logs'}", f"paths.data_dir={work / 'data'}"]
         return [PYTHON, str(ROOT / "train.py"), *where, *TRAIN_QUIET, *overrides]
 
-    tiny = ["trainer=cpu", "trainer.max_epochs=1"] if cpu else []
+    tiny = ["trainer=cpu", "debug=limit", "trainer.max_epochs=1"] if cpu else []
     overhead = [PYTHON, str(ROOT / "benchmarks" / "overhead.py"), "--models", "cnn", "transformer"]
     overhead += (
         ["--epochs", "2", "--repeats", "1", "--samples", "256"] if cpu else ["--repeats", "2"]
@@ -229,7 +230,7 @@ def steps(cpu: bool, work: Path) -> list[Step]:
         ["--size", "tiny", "--steps", "3", "--warmup", "1", "--precision", "32-true"] if cpu else []
     )
     ddp = (
-        ["trainer=ddp_cpu", "trainer.max_epochs=1"]
+        ["trainer=ddp_cpu", "debug=limit", "trainer.max_epochs=1"]
         if cpu
         else ["trainer=ddp_one_gpu", "trainer.max_epochs=3"]
     )
