@@ -8,7 +8,6 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from kindling.hardware import best_precision
 from kindling.run import hydra_ddp, resumed, run_folder
 
 
@@ -65,10 +64,6 @@ OmegaConf.register_new_resolver("class_count", class_count, replace=True)
 OmegaConf.register_new_resolver("div", lambda a, b: int(a) // int(b), replace=True)
 # data=sequences reads its feature and class counts from the table: `${sequence_table:num_classes}`.
 OmegaConf.register_new_resolver("sequence_table", sequence_table, replace=True)
-# The GPU defaults of configs/trainer/default.yaml: the device's best precision,
-# `${best_precision:${trainer.accelerator}}`, and `benchmark: ${not:${trainer.deterministic}}`.
-OmegaConf.register_new_resolver("best_precision", best_precision, replace=True)
-OmegaConf.register_new_resolver("not", lambda value: not value, replace=True)
 # data=image_folder's size and statistics follow a pretrained timm net:
 # `mean: ${pretrained_input:mean,null}`.
 OmegaConf.register_new_resolver("pretrained_input", pretrained_input, replace=True)
