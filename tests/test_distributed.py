@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 import torch
 
+from kindling.config import checks
+from kindling.config.instantiate import build
 from kindling.run import hydra_ddp
 from kindling.train import run
 
@@ -143,3 +145,15 @@ def test_fsdp_trains_on_the_gpus(tmp_path: Path) -> None:
              *QUIET, cwd=tmp_path)  # fmt: skip
     run_dir = only_child(tmp_path / "logs" / "debug" / "runs")
     assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+
+
+@pytest.mark.parametrize("gpus", [1, 2, 4])
+@pytest.mark.parametrize("option", ["ddp", "fsdp"])
+def test_ddp_and_fsdp_take_every_visible_gpu(monkeypatch, compose_config, option, gpus) -> None:
+    """One process per visible GPU, as kindling's checks count them and as Lightning does."""
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    monkeypatch.setattr("torch.cuda.device_count", lambda: gpus)
+    cfg = compose_config(f"trainer={option}", "data.batch_size=64", *QUIET)
+    checks.check_accelerator(cfg.trainer)
+    assert checks.requested_world_size(cfg.trainer) == gpus
+    assert build(cfg.trainer, "trainer").num_devices == gpus

@@ -50,11 +50,8 @@ class DeviceInfo:
 
     @property
     def recommended_overrides(self) -> str:
-        """The command-line overrides that use every GPU (configs/trainer/ddp.yaml asks for 2)."""
-        overrides = f"trainer={self.recommended_trainer}"
-        if len(self.gpus) > 2:
-            overrides += f" trainer.devices={len(self.gpus)}"
-        return overrides
+        """The command-line overrides that use every GPU (trainer=ddp takes them all)."""
+        return f"trainer={self.recommended_trainer}"
 
 
 def collect_device_info() -> DeviceInfo:
