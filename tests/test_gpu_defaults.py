@@ -93,7 +93,7 @@ def test_composing_the_config_asks_nothing_of_cuda(monkeypatch, compose_config) 
     would stop strategy=ddp_fork's children."""
     pretend_cuda(monkeypatch, (9, 0))
     monkeypatch.setattr(pynvml, "nvmlInit", initialises_cuda)
-    for overrides in [(), ("trainer=gpu",), ("trainer=ddp",)]:
+    for overrides in [(), ("trainer=gpu",), ("trainer=ddp",), ("trainer=ddp_one_gpu",)]:
         trainer = OmegaConf.to_container(compose_config(*overrides).trainer, resolve=True)
         assert trainer["precision"] is None and trainer["benchmark"] is None
     assert compose_config("trainer.precision=16-mixed").trainer.precision == "16-mixed"
