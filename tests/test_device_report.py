@@ -67,7 +67,7 @@ def test_report_lists_two_gpus_and_recommends_ddp(two_fake_gpus) -> None:
     info, rows = printed()
     assert [gpu.name for gpu in info.gpus] == ["NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-40GB"]
     assert info.recommended_trainer == "ddp"
-    assert info.recommended_overrides == "trainer=ddp"  # configs/trainer/ddp.yaml uses 2
+    assert info.recommended_overrides == "trainer=ddp"
     assert rows["CUDA available"] == "yes"
     assert rows["GPUs"] == "2"
     assert rows["cuda:0"] == (
@@ -90,7 +90,7 @@ def test_recommendation_follows_the_hardware(two_fake_gpus, monkeypatch) -> None
     )
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda i: 0)
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda i: 0)
-    assert collect_device_info().recommended_overrides == "trainer=ddp trainer.devices=4"
+    assert collect_device_info().recommended_overrides == "trainer=ddp"  # it takes all 4
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     assert collect_device_info().recommended_overrides == "trainer=gpu"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

@@ -1,17 +1,25 @@
 """Several processes under Hydra on a CPU machine (gloo): folders, ranks and reduced metrics."""
 
+import csv
+import json
+import math
 import os
 import subprocess
 from pathlib import Path
 
+import lightning as L
 import numpy as np
 import pytest
 import torch
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 
+from kindling.config import checks
+from kindling.config.instantiate import build
 from kindling.run import hydra_ddp
 from kindling.train import run
 
 from conftest import PYTHON, QUIET, ROOT
+from conftest import train_py as run_train_py
 
 TWO_CPUS = ["trainer.accelerator=cpu", "trainer.devices=2"]
 
@@ -143,3 +151,110 @@ def test_fsdp_trains_on_the_gpus(tmp_path: Path) -> None:
              *QUIET, cwd=tmp_path)  # fmt: skip
     run_dir = only_child(tmp_path / "logs" / "debug" / "runs")
     assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+
+
+@pytest.mark.parametrize("gpus", [1, 2, 4])
+@pytest.mark.parametrize("option", ["ddp", "fsdp"])
+def test_ddp_and_fsdp_take_every_visible_gpu(monkeypatch, compose_config, option, gpus) -> None:
+    """One process per visible GPU, as kindling's checks count them and as Lightning does."""
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    monkeypatch.setattr("torch.cuda.device_count", lambda: gpus)
+    cfg = compose_config(f"trainer={option}", "data.batch_size=64", *QUIET)
+    checks.check_accelerator(cfg.trainer)
+    assert checks.requested_world_size(cfg.trainer) == gpus
+    assert build(cfg.trainer, "trainer").num_devices == gpus
+
+
+# What each rank trained with, written by a callback `train.py` imports from tmp_path.
+RANK_RECORD = """
+import json
+from pathlib import Path
+
+import torch
+from lightning.pytorch import Callback
+
+
+class RankRecord(Callback):
+    def __init__(self, folder: str):
+        self.folder = folder
+
+    def on_train_start(self, trainer, pl_module):
+        loader, modules = trainer.train_dataloader, list(pl_module.modules())
+        record = {
+            "rank": trainer.global_rank,
+            "world_size": trainer.world_size,
+            "device": str(pl_module.device),
+            "backend": torch.distributed.get_backend(),
+            "sync_batchnorm": any(isinstance(m, torch.nn.SyncBatchNorm) for m in modules),
+            "samples": len(loader.sampler),
+            "dataset": len(loader.dataset),
+        }
+        Path(self.folder, f"rank{trainer.global_rank}.json").write_text(json.dumps(record))
+"""
+
+
+def ddp_one_gpu(tmp_path: Path, *overrides: str) -> tuple[Path, list[dict]]:
+    """`python train.py trainer=ddp_one_gpu <overrides>`: its run folder and each rank's record."""
+    (tmp_path / "rank_record.py").write_text(RANK_RECORD)
+    records = tmp_path / "records"
+    records.mkdir()
+    result = run_train_py(
+        "trainer=ddp_one_gpu", *overrides, *QUIET, "callbacks.plots=null",
+        "+callbacks.rank_record._target_=rank_record.RankRecord",
+        f"+callbacks.rank_record.folder={records}",
+        cwd=tmp_path, module_dir=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    run_dir = only_child(only_child(tmp_path / "logs") / "runs")  # one run folder for both ranks
+    ranks = [json.loads(path.read_text()) for path in sorted(records.glob("rank*.json"))]
+    return run_dir, ranks
+
+
+def test_ddp_one_gpu_runs_two_processes_on_gpu_0(monkeypatch, compose_config) -> None:
+    """Two ranks on one device, which `devices` cannot say: Lightning refuses [0, 0]."""
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 1)
+    with pytest.raises(MisconfigurationException, match="must be unique"):
+        L.Trainer(accelerator="gpu", devices=[0, 0])
+    cfg = compose_config("trainer=ddp_one_gpu", *QUIET)
+    checks.check_accelerator(cfg.trainer)
+    assert checks.requested_world_size(cfg.trainer) == 2
+    trainer = build(cfg.trainer, "trainer")
+    assert trainer.world_size == 2 and trainer.strategy.launcher.num_processes == 2
+    assert trainer.strategy.parallel_devices == [torch.device("cuda", 0)] * 2
+    assert trainer.strategy.process_group_backend == "gloo"
+
+
+@pytest.mark.slow
+def test_ddp_one_gpu_on_two_cpu_processes(tmp_path: Path) -> None:
+    """trainer=ddp_one_gpu's mechanism on this CPU: both ranks train, each on half the data, in
+    one run folder. (SyncBatchNorm runs on GPUs only.)"""
+    cpus = "[{_target_: torch.device, type: cpu}, {_target_: torch.device, type: cpu}]"
+    run_dir, ranks = ddp_one_gpu(
+        tmp_path, "trainer.accelerator=cpu", f"trainer.strategy.parallel_devices={cpus}",
+        "trainer.sync_batchnorm=false", "debug=limit",
+    )  # fmt: skip
+    assert [(r["rank"], r["world_size"], r["device"], r["backend"]) for r in ranks] == [
+        (0, 2, "cpu", "gloo"),
+        (1, 2, "cpu", "gloo"),
+    ]
+    assert all(r["samples"] == math.ceil(r["dataset"] / 2) for r in ranks)
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_ddp_one_gpu_trains_on_one_gpu(tmp_path: Path) -> None:
+    """Two ranks share GPU 0 through gloo: synced batch norm (the default CNN has batch norm),
+    half the data each, one run folder, and a model that learned."""
+    run_dir, ranks = ddp_one_gpu(tmp_path, "trainer.max_epochs=3")
+    assert [(r["rank"], r["world_size"], r["device"], r["backend"]) for r in ranks] == [
+        (0, 2, "cuda:0", "gloo"),
+        (1, 2, "cuda:0", "gloo"),
+    ]
+    assert all(r["sync_batchnorm"] for r in ranks)
+    assert all(r["samples"] == math.ceil(r["dataset"] / 2) for r in ranks)
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+    with open(run_dir / "csv" / "metrics.csv") as f:
+        (test_acc,) = [float(row["test/acc"]) for row in csv.DictReader(f) if row.get("test/acc")]
+    assert test_acc > 0.5  # 10 classes: chance is 0.1

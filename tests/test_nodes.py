@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
-from omegaconf import open_dict
+from omegaconf import DictConfig, open_dict
+from omegaconf.errors import InterpolationResolutionError
 
 from kindling.config import checks
 from kindling.run import hydra_ddp, run_folder
@@ -91,6 +92,28 @@ def test_the_slurm_launcher_asks_for_the_trainers_nodes_and_devices() -> None:
     GlobalHydra.instance().clear()
     launcher = cfg.hydra.launcher
     assert (launcher.nodes, launcher.tasks_per_node, launcher.gpus_per_node) == (3, 4, 4)
+
+
+def slurm_launcher(*overrides: str) -> DictConfig:
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose(
+            "train", overrides=["hydra/launcher=slurm", *overrides], return_hydra_config=True
+        )
+    GlobalHydra.instance().clear()
+    return cfg.hydra.launcher
+
+
+def test_the_slurm_launcher_needs_a_number_of_gpus() -> None:
+    """trainer=ddp takes every GPU of the machine it runs on (`devices: auto`); SLURM must be told
+    how many to allocate before there is one."""
+    listed = slurm_launcher("trainer=ddp", "trainer.devices=[0,1]")
+    assert (listed.tasks_per_node, listed.gpus_per_node) == (2, 2)
+    launcher = slurm_launcher("trainer=ddp")
+    with pytest.raises(
+        InterpolationResolutionError, match=r"set it, e\.g\. trainer\.devices=4\.\n"
+    ):
+        launcher.gpus_per_node  # noqa: B018 - resolving it is the test
 
 
 def test_rank_0_removes_the_handshake_once_the_ranks_have_met(tmp_path: Path, monkeypatch) -> None:

@@ -5,7 +5,9 @@
 import os
 from dataclasses import dataclass, field
 
+import pynvml
 import torch
+from lightning.fabric.accelerators.cuda import is_cuda_available
 from rich import box
 from rich.console import Console
 from rich.table import Table
@@ -48,11 +50,8 @@ class DeviceInfo:
 
     @property
     def recommended_overrides(self) -> str:
-        """The command-line overrides that use every GPU (configs/trainer/ddp.yaml asks for 2)."""
-        overrides = f"trainer={self.recommended_trainer}"
-        if len(self.gpus) > 2:
-            overrides += f" trainer.devices={len(self.gpus)}"
-        return overrides
+        """The command-line overrides that use every GPU (trainer=ddp takes them all)."""
+        return f"trainer={self.recommended_trainer}"
 
 
 def collect_device_info() -> DeviceInfo:
@@ -126,7 +125,8 @@ CUDA_ACCELERATORS = ("auto", "gpu", "cuda")
 
 
 def best_precision(accelerator: str) -> str:
-    """`trainer.precision: ${best_precision:${trainer.accelerator}}`.
+    """The fastest safe precision for `accelerator` on this machine: what `trainer.precision:
+    null` trains in (kindling.train.build_trainer) and what kindling.predict uses.
 
     - bf16-mixed on a CUDA GPU with native bfloat16 (Ampere and later): float32's range, so no
       loss scaling, and tensor-core speed.
@@ -134,12 +134,50 @@ def best_precision(accelerator: str) -> str:
       but no bfloat16; Lightning scales the loss so small gradients survive.
     - 32-true everywhere else: CPUs, Apple's MPS, and GPUs older than Volta, where float16 gains
       little or nothing and costs the loss scaler's risks.
+
+    Of several visible GPUs, the oldest decides. No CUDA context is created here (see
+    `cuda_capabilities`).
     """
-    if str(accelerator).lower() not in CUDA_ACCELERATORS or not torch.cuda.is_available():
+    # Lightning's check counts the GPUs through NVML (PYTORCH_NVML_BASED_CUDA_CHECK), not CUDA.
+    if str(accelerator).lower() not in CUDA_ACCELERATORS or not is_cuda_available():
         return "32-true"
     if torch.version.hip:  # the AMD GPUs ROCm builds of torch run on have bfloat16
         return "bf16-mixed"
-    major, _minor = torch.cuda.get_device_capability()
+    major = min(major for major, _minor in cuda_capabilities())
     if major >= 8:  # native bfloat16 (torch.cuda.is_bf16_supported also counts emulated)
         return "bf16-mixed"
     return "16-mixed" if major >= 7 else "32-true"
+
+
+def cuda_capabilities() -> list[tuple[int, int]]:
+    """The compute capability of each visible GPU, read through NVML.
+
+    torch.cuda.get_device_capability would create a CUDA context in this process, after which
+    a forked one cannot use CUDA (strategy=ddp_fork, ddp_notebook). Where NVML cannot answer (no
+    NVML, as on Jetson; a MIG device or a shortened UUID in CUDA_VISIBLE_DEVICES), torch does.
+    """
+    try:
+        pynvml.nvmlInit()
+        try:
+            return [
+                tuple(pynvml.nvmlDeviceGetCudaComputeCapability(handle))
+                for handle in _visible_nvml_devices()
+            ]
+        finally:
+            pynvml.nvmlShutdown()
+    except pynvml.NVMLError:
+        return [tuple(torch.cuda.get_device_capability())]
+
+
+def _visible_nvml_devices() -> list:
+    """NVML's handles of the GPUs CUDA_VISIBLE_DEVICES lets CUDA see (indices or UUIDs)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+    names = [name.strip() for name in visible.split(",") if name.strip()]
+    return [
+        pynvml.nvmlDeviceGetHandleByIndex(int(name))
+        if name.isdigit()
+        else pynvml.nvmlDeviceGetHandleByUUID(name)
+        for name in names
+    ]

@@ -30,6 +30,7 @@ from kindling.config.config_tree import print_config_tree
 from kindling.config.errors import UserError, find_user_error
 from kindling.config.instantiate import build, check_arguments, instantiate_group
 from kindling.data.loaders import per_device_batch_size
+from kindling.hardware import best_precision
 from kindling.known_warnings import ignore_unhelpful_warnings
 from kindling.run import hydra_ddp, job_record, provenance, resumed
 
@@ -78,7 +79,7 @@ def train_and_test(cfg: DictConfig) -> float | None:
 
     datamodule: L.LightningDataModule = build(cfg.data, "data")
     model: L.LightningModule = build(cfg.model, "model")
-    trainer = build_trainer(cfg, run_provenance)
+    trainer = build_trainer(cfg, run_provenance, datamodule=datamodule)
 
     rank_zero_info(f"Run folder: {cfg.paths.output_dir}")
     config = OmegaConf.to_container(cfg, resolve=True)
@@ -112,10 +113,15 @@ def augment_images_only(data: DictConfig) -> None:
 
 
 def build_trainer(
-    cfg: DictConfig, run_provenance: dict, extra_callbacks: Sequence[Callback] = ()
+    cfg: DictConfig,
+    run_provenance: dict,
+    extra_callbacks: Sequence[Callback] = (),
+    datamodule: L.LightningDataModule | None = None,
 ) -> L.Trainer:
-    """The Trainer of `cfg.trainer` with the configured loggers and callbacks. (The benchmarks
-    build theirs here too, with a meter in `extra_callbacks`.)"""
+    """The Trainer of `cfg.trainer` with the configured loggers and callbacks, its null precision
+    and benchmark decided for this device and `datamodule`. (The benchmarks build theirs here
+    too, with a meter in `extra_callbacks`.)"""
+    decide_device_defaults(cfg.trainer, datamodule)
     loggers = instantiate_group(cfg.get("logger"), "logger")
     callbacks = [*instantiate_group(cfg.get("callbacks"), "callbacks"), *extra_callbacks]
     for callback in callbacks:
@@ -130,6 +136,22 @@ def build_trainer(
         # Lightning starts the extra ranks: as single runs of this job, in its folder.
         hydra_ddp.install()
     return trainer
+
+
+def decide_device_defaults(trainer: DictConfig, datamodule: L.LightningDataModule | None) -> None:
+    """Fill in the trainer's null `precision` and `benchmark` (configs/trainer/default.yaml), so
+    that the run's recorded config says what it trained with.
+
+    Decided here, not while the config is composed: the precision reads the GPU through NVML
+    (no CUDA context, so strategy=ddp_fork can still fork), and cudnn.benchmark follows the data
+    module's `fixed_batch_shapes` (unknown: off, torch's default).
+    """
+    with open_dict(trainer):
+        if trainer.get("precision") is None:
+            trainer.precision = best_precision(trainer.get("accelerator", "auto"))
+        if trainer.get("benchmark") is None:
+            fixed = getattr(datamodule, "fixed_batch_shapes", False)
+            trainer.benchmark = bool(fixed and not trainer.get("deterministic"))
 
 
 def _check(cfg: DictConfig) -> str | None:

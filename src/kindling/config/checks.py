@@ -13,7 +13,12 @@ from kindling.config.errors import UserError
 
 
 def requested_world_size(trainer: DictConfig) -> int:
-    """How many processes the trainer config asks for (devices x nodes)."""
+    """How many processes the trainer config asks for (devices x nodes): `devices: auto` on GPUs
+    counts the visible ones; a strategy that names its devices (trainer=ddp_one_gpu) runs one
+    process for each."""
+    strategy = trainer.get("strategy")
+    if isinstance(strategy, DictConfig) and strategy.get("parallel_devices"):
+        return len(strategy.parallel_devices) * int(trainer.get("num_nodes", 1))
     devices = trainer.get("devices", 1)
     if isinstance(devices, str) and devices.lstrip("-").isdigit():
         devices = int(devices)

@@ -6,9 +6,9 @@ name, once per process (cached, like Hydra's own `now`).
 
 from typing import Any
 
-from omegaconf import OmegaConf
+from omegaconf import ListConfig, OmegaConf
 
-from kindling.hardware import best_precision
+from kindling.config.errors import UserError
 from kindling.run import hydra_ddp, resumed, run_folder
 
 
@@ -50,6 +50,19 @@ def pretrained_input(key: str, default: Any, *, _root_: Any) -> Any:
     return value
 
 
+def device_count(devices: Any) -> int:
+    """trainer.devices as a number: SLURM allocates GPUs before the job runs, so before
+    `devices: auto` could count them (on a login node there are none to count)."""
+    if isinstance(devices, ListConfig):
+        return len(devices)
+    if isinstance(devices, int) and not isinstance(devices, bool) and devices > 0:
+        return devices
+    raise UserError(
+        f"hydra/launcher=slurm asks SLURM for trainer.devices GPUs per node, and "
+        f"trainer.devices={devices} is not a number of GPUs: set it, e.g. trainer.devices=4."
+    )
+
+
 # Each run and multirun claims a folder of its own (configs/hydra/default.yaml,
 # kindling/run/run_folder.py); cached, like Hydra's own `now`, so a folder is claimed once.
 OmegaConf.register_new_resolver("run_stamp", run_folder.run_stamp, use_cache=True, replace=True)
@@ -65,10 +78,8 @@ OmegaConf.register_new_resolver("class_count", class_count, replace=True)
 OmegaConf.register_new_resolver("div", lambda a, b: int(a) // int(b), replace=True)
 # data=sequences reads its feature and class counts from the table: `${sequence_table:num_classes}`.
 OmegaConf.register_new_resolver("sequence_table", sequence_table, replace=True)
-# The GPU defaults of configs/trainer/default.yaml: the device's best precision,
-# `${best_precision:${trainer.accelerator}}`, and `benchmark: ${not:${trainer.deterministic}}`.
-OmegaConf.register_new_resolver("best_precision", best_precision, replace=True)
-OmegaConf.register_new_resolver("not", lambda value: not value, replace=True)
+# hydra/launcher=slurm asks for `${device_count:${trainer.devices}}` GPUs and tasks per node.
+OmegaConf.register_new_resolver("device_count", device_count, replace=True)
 # data=image_folder's size and statistics follow a pretrained timm net:
 # `mean: ${pretrained_input:mean,null}`.
 OmegaConf.register_new_resolver("pretrained_input", pretrained_input, replace=True)

@@ -83,11 +83,16 @@ class SplitDataModule(L.LightningDataModule):
     `num_workers` (null: `default_num_workers`), `pin_memory` (used on CUDA only) and
     `persistent_workers`; uses `prefetch_factor` and `drop_last` (training batches only) where
     a subclass has them.
+
+    `fixed_batch_shapes`: every batch has the same shape but the last of a split, as images
+    and text windows do; a subclass whose batches vary (padded sequences) says False. The
+    trainer times cuDNN's convolution algorithms only then (`trainer.benchmark: null`).
     """
 
     data_train: Dataset | None = None
     data_val: Dataset | None = None
     data_test: Dataset | None = None
+    fixed_batch_shapes: bool = True
     # Which split `predict_dataloader` serves (`python -m kindling.predict input=test|val`).
     predict_split: str = "test"
 

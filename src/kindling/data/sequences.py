@@ -95,6 +95,8 @@ class SequenceTableDataModule(SplitDataModule):
             epoch is still every training sequence once, in a seeded random draw.
     """
 
+    fixed_batch_shapes = False  # each batch is padded to its longest sequence
+
     def __init__(
         self,
         path: str,

@@ -264,6 +264,10 @@ class StreamingDataModule(SplitDataModule):
         return self.train_loader
 
     @property
+    def fixed_batch_shapes(self) -> bool:
+        return self.hparams.image_shape is not None  # a copy of sequences is padded per batch
+
+    @property
     def _even_evaluation(self) -> bool:
         """Several processes evaluate equal numbers of batches: under DDP a model with buffers
         (BatchNorm) synchronises them at every step, so one extra batch on one process would
