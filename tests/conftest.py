@@ -11,6 +11,8 @@ Fixtures:
   `csv/metrics.csv` (train, val and test rows); `.value` is what `run` returned (val/acc_best).
   Tests that only read a trained checkpoint or its metrics use it; they must not write into its
   folder (give a test-only run its own `paths.output_dir`).
+- `gpu_trained_run`: the same run on the GPU (`trainer=gpu`), for the `gpu` tests of what
+  follows training (prediction, export).
 - `serve_folder(folder)`: an HTTP server for `folder` on 127.0.0.1 (a free port), stopped at
   teardown; returns its address and the paths asked of it.
 
@@ -20,6 +22,7 @@ process itself (exit codes, signals, console output, several processes), and
 `module_dir=` a config can name a class the test wrote there, `ctrl_c=True` gives it Ctrl-C as
 in a terminal. `PYTHON` is the interpreter of such commands (`[*PYTHON, script, *args]`).
 `QUIET` turns off the progress bar and model summary;
+`ON_GPU` marks a test, or a parameter, `gpu` and skips it without CUDA;
 `options(group)` lists the options of a config group; `prepare_cfg(*overrides)` composes
 `python -m kindling.prepare`'s config; `ROOT` and `CONFIG_DIR` locate the repository.
 
@@ -53,6 +56,8 @@ import kindling.train  # also registers the resolvers the configs use
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = ROOT / "configs"
 QUIET = ["callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null"]
+# `@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=ON_GPU)])`.
+ON_GPU = (pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))
 # The `python` of the tests' subprocesses.
 PYTHON: list[str] = [sys.executable]
 
@@ -151,26 +156,37 @@ class TrainedRun:
         return best
 
 
-TRAINED_RUN = ["trainer=cpu", "trainer.max_epochs=4", *QUIET]
+TRAINED_RUN = ["trainer.max_epochs=4", *QUIET]
 
 
-def _train(folder: Path) -> TrainedRun:
-    return TrainedRun(folder / "run", kindling.train.run(compose_in(folder, *TRAINED_RUN)))
+def _train(folder: Path, trainer: str) -> TrainedRun:
+    value = kindling.train.run(compose_in(folder, f"trainer={trainer}", *TRAINED_RUN))
+    return TrainedRun(folder / "run", value)
+
+
+def _trained_once(tmp_path_factory: pytest.TempPathFactory, trainer: str) -> TrainedRun:
+    """Trained by whichever worker asks first; the others wait and read it."""
+    name = f"trained_run_{trainer}"
+    if "PYTEST_XDIST_WORKER" not in os.environ:  # one process: its own temporary folder
+        return _train(tmp_path_factory.mktemp(name), trainer)
+    # Workers of one session share the parent of their temporary folders.
+    folder = tmp_path_factory.getbasetemp().parent / name
+    done = folder / "value.json"
+    with FileLock(str(folder) + ".lock"):
+        if not done.is_file():
+            trained = _train(folder, trainer)
+            done.write_text(json.dumps(trained.value))
+    return TrainedRun(folder / "run", json.loads(done.read_text()))
 
 
 @pytest.fixture(scope="session")
 def trained_run(tmp_path_factory: pytest.TempPathFactory) -> TrainedRun:
-    """One default run, trained by whichever worker asks first; the others wait and read it."""
-    if "PYTEST_XDIST_WORKER" not in os.environ:  # one process: its own temporary folder
-        return _train(tmp_path_factory.mktemp("trained_run"))
-    # Workers of one session share the parent of their temporary folders.
-    folder = tmp_path_factory.getbasetemp().parent / "trained_run"
-    done = folder / "value.json"
-    with FileLock(str(folder) + ".lock"):
-        if not done.is_file():
-            trained = _train(folder)
-            done.write_text(json.dumps(trained.value))
-    return TrainedRun(folder / "run", json.loads(done.read_text()))
+    return _trained_once(tmp_path_factory, "cpu")
+
+
+@pytest.fixture(scope="session")
+def gpu_trained_run(tmp_path_factory: pytest.TempPathFactory) -> TrainedRun:
+    return _trained_once(tmp_path_factory, "gpu")
 
 
 def options(group: str) -> list[str]:

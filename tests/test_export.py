@@ -76,6 +76,20 @@ def test_the_command_exports_the_cnn_and_prints_the_differences(
     assert {p.name for p in tmp_path.iterdir()} >= {"cnn.onnx", "cnn.pt2", "cnn.json"}
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_gpu_checkpoint_exports_within_the_tolerance(gpu_trained_run, tmp_path: Path) -> None:
+    checkpoint = gpu_trained_run.best_checkpoint
+    files = export(ExportArgs(ckpt_path=str(checkpoint), output=str(tmp_path / "cnn")))
+    assert [f.name for f in files] == ["cnn.onnx", "cnn.pt2", "cnn.json"]  # both checked
+    module, _ = load_module(checkpoint)
+    images = torch.randn(5, 1, 8, 8)
+    session = onnxruntime.InferenceSession(str(files[0]), providers=["CPUExecutionProvider"])
+    (logits,) = session.run(None, {"images": images.numpy()})
+    with torch.no_grad():
+        torch.testing.assert_close(torch.from_numpy(logits), module(images), atol=1e-4, rtol=0)
+
+
 def export_off_by_a_little(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
     """The `name` exporter's files give the right logits plus 1e-3: over the tolerance."""
     exporter = export_command.EXPORTERS[name]

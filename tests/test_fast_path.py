@@ -1,5 +1,6 @@
 """The GPU fast-path switches change speed, not results: checked on the CPU where they can be."""
 
+import csv
 import functools
 from pathlib import Path
 from types import SimpleNamespace
@@ -29,14 +30,16 @@ BASE = [
 
 
 def train_losses(compose_config, folder: Path, *overrides: str) -> list[float]:
-    import csv
-
     cfg = compose_config(*BASE, *overrides)
     with open_dict(cfg):
         cfg.paths.output_dir = str(folder)
     run(cfg)
+    return [float(r["train/loss"]) for r in read_rows(folder) if r["train/loss"]]
+
+
+def read_rows(folder: Path) -> list[dict[str, str]]:
     with open(folder / "csv" / "metrics.csv") as f:
-        return [float(r["train/loss"]) for r in csv.DictReader(f) if r["train/loss"]]
+        return list(csv.DictReader(f))
 
 
 def conv_weight(folder: Path) -> torch.Tensor:
@@ -179,6 +182,31 @@ def test_mnist_fast_uses_every_switch(compose_config) -> None:
     assert cfg.data.on_device and cfg.model.compile and cfg.model.channels_last
     assert cfg.trainer.precision == "bf16-mixed" and cfg.trainer.benchmark
     assert cfg.float32_matmul_precision == "high"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_compiled_evaluation_scores_what_the_uncompiled_net_scores(
+    compose_config, tmp_path: Path
+) -> None:
+    # Batches of 100: validation's 144 images and test's 359 end in a smaller batch, which
+    # compiles again.
+    common = ["trainer=gpu", "data.batch_size=100", *BASE[3:]]  # seed, dropout, quiet
+    cfg = compose_config(*common, "model.compile=true", "trainer.max_epochs=2")
+    run(cfg)
+    tested = [float(r["test/acc"]) for r in read_rows(tmp_path / "run") if r["test/acc"]]
+    (best,) = (tmp_path / "run" / "checkpoints").glob("epoch_*.ckpt")
+    cfg = compose_config(*common, "train=false", f"ckpt_path={best}")
+    with open_dict(cfg):
+        cfg.paths.output_dir = str(tmp_path / "uncompiled")
+    run(cfg)
+    (expected,) = [
+        float(r["test/acc"]) for r in read_rows(tmp_path / "uncompiled") if r["test/acc"]
+    ]
+    assert len(tested) == 1 and tested[0] * 359 == pytest.approx(round(tested[0] * 359))  # all 359
+    assert tested[0] > 0.5  # ten classes: chance is 0.1
+    # Other kernels in bfloat16 may tip a near tie: a prediction or two.
+    assert abs(tested[0] - expected) * 359 <= 2
 
 
 @pytest.mark.gpu

@@ -1,6 +1,7 @@
 """The GPU defaults (precision, TF32, cudnn.benchmark): each branch checked on the CPU with a
 pretend CUDA device, and the real thing on a GPU."""
 
+import csv
 from pathlib import Path
 
 import lightning as L
@@ -165,3 +166,23 @@ def test_the_default_config_trains_on_the_gpu_in_its_best_precision(
     assert checkpoint["global_step"] > 0 and value is not None
     assert torch.backends.cudnn.benchmark
     assert torch.get_float32_matmul_precision() == "high"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_16_mixed_learns_and_resumes_its_loss_scaler(compose_config, tmp_path: Path) -> None:
+    common = ["trainer=gpu", "trainer.precision=16-mixed", "debug=limit", "test=false", *QUIET]
+    run(compose_config(*common))  # 3 epochs of 5 steps
+    checkpoint = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    saved = read_checkpoint(checkpoint)["MixedPrecision"]  # the GradScaler's state
+    # Every step without an overflow counts towards growing the scale: steps went through it.
+    assert 0 < saved["scale"] <= 2.0**16 and saved["_growth_tracker"] > 0
+    run(compose_config(*common, "trainer.max_epochs=4", f"ckpt_path={checkpoint}"))
+    resumed = read_checkpoint(checkpoint)["MixedPrecision"]
+    # The scaler went on from its saved state: 5 more steps counted, or an overflow halved it.
+    assert resumed["_growth_tracker"] == saved["_growth_tracker"] + 5 or (
+        resumed["scale"] < saved["scale"]
+    )
+    with open(tmp_path / "run" / "csv" / "metrics.csv") as f:
+        losses = [float(r["train/loss"]) for r in csv.DictReader(f) if r["train/loss"]]
+    assert len(losses) == 4 and losses[-1] < losses[0]

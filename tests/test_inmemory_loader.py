@@ -67,3 +67,21 @@ def test_on_device_auto_holds_a_small_set_on_the_gpu(tmp_path: Path) -> None:
     train = dm.train_dataloader()
     assert isinstance(train, DeviceTensorLoader)
     assert train.tensors[0].is_cuda
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize(("spare", "on_device"), [(0, True), (-1, False)], ids=["fits", "over"])
+def test_on_device_auto_takes_a_quarter_of_free_gpu_memory_at_most(
+    tmp_path: Path, monkeypatch, spare: int, on_device: bool
+) -> None:
+    dm = digits(tmp_path, accelerator="gpu")
+    splits = (dm.data_train, dm.data_val, dm.data_test)
+    size = sum(t.nbytes for split in splits for t in split.tensors)
+    # Free memory of four times the set fits it; a byte less, and a large set, do not.
+    free = 4 * size + spare
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free, 80 * 2**30))
+    train = dm.train_dataloader()
+    images, _labels = next(iter(train))
+    assert isinstance(train, DeviceTensorLoader) == on_device
+    assert images.is_cuda == on_device  # else a DataLoader of CPU tensors, which Lightning moves

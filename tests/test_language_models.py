@@ -308,7 +308,7 @@ def test_model_keys_reach_the_language_model(compose_config, family, tmp_path) -
     assert num_layers == 2
 
 
-def tiny_experiment(family: str, corpus: Path, *extra: str) -> list[str]:
+def tiny_experiment(family: str, corpus: Path, *extra: str, trainer: str = "cpu") -> list[str]:
     """`experiment=charlm` at a size that trains in seconds on a CPU."""
     sizes = {
         "transformer": ["model.net.d_model=32", "model.net.num_layers=1", "model.net.num_heads=2"],
@@ -319,7 +319,7 @@ def tiny_experiment(family: str, corpus: Path, *extra: str) -> list[str]:
         f"data.path={corpus}",
         "data.context_length=16",
         "data.batch_size=4",
-        "trainer=cpu",
+        f"trainer={trainer}",
         "trainer.max_epochs=2",
         "trainer.limit_train_batches=4",
         "model.sample_length=20",
@@ -396,6 +396,30 @@ def test_sampling_needs_only_the_checkpoint(compose_config, tmp_path, monkeypatc
     assert set(text) <= set(TINY_CORPUS)
     assert sample("seed=0", "temperature=1.0", "top_k=10") == text
     assert sample("seed=1", "temperature=1.0", "top_k=10") != text
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_experiment_trains_and_samples_on_the_gpu(compose_config, tmp_path) -> None:
+    corpus = tmp_path / "tiny.txt"
+    corpus.write_text(TINY_CORPUS, encoding="utf-8")
+    extra = ["trainer.max_epochs=3", "trainer.limit_train_batches=10"]
+    run(compose_config(*tiny_experiment("transformer", corpus, *extra, trainer="gpu")))
+    run_dir = tmp_path / "run"
+    val = [float(r["val/loss"]) for r in read_metrics(run_dir) if r.get("val/loss")]
+    assert len(val) == 3 and val[-1] < val[0]
+    # Sampled on the GPU after each validation, the sanity check's included.
+    assert (run_dir / "samples.txt").read_text().count("=== Sample") == 4
+
+    def sample(seed: int) -> str:
+        checkpoint = run_dir / "checkpoints" / "last.ckpt"
+        argv = [f"ckpt_path={checkpoint}", "device=cuda", "prompt=Simple", "length=60"]
+        return sample_cli.main([*argv, f"seed={seed}"])
+
+    text = sample(0)
+    assert text.startswith("Simple") and len(text) == len("Simple") + 60
+    assert set(text) <= set(TINY_CORPUS)
+    assert sample(0) == text != sample(1)  # a generator on the GPU, seeded
 
 
 def test_sampling_a_classifier_checkpoint_is_a_user_error(trained_run) -> None:

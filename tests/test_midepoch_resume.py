@@ -1,6 +1,7 @@
 """A run stopped mid-epoch and resumed ends where an uninterrupted run ends: same val/loss, same
 weights, for every way batches are served (DataLoader with and without workers, on the device,
-image folders) and every way a run stops (SIGTERM, a step checkpoint)."""
+image folders) and every way a run stops (SIGTERM, a step checkpoint). A run resumed on another
+device, whose batches come another way, goes on learning."""
 
 import csv
 import os
@@ -20,7 +21,7 @@ from kindling.data.device_loader import DeviceTensorLoader
 from kindling.data.loaders import ResumableDistributedSampler
 from kindling.train import run
 
-from conftest import QUIET
+from conftest import ON_GPU, QUIET
 
 # Two epochs of 6 steps; the interrupted run stops at step 9, in the middle of the second.
 SHORT = [
@@ -213,3 +214,29 @@ def test_device_loader_resumes_its_own_epoch_only() -> None:
     again.load_state_dict(state)
     again.set_epoch(2)
     assert len(list(again)) == 5
+
+
+# data.on_device=auto serves a GPU run's batches from tensors on the GPU, a CPU run's from a
+# DataLoader; data.on_device=true does the first on the CPU.
+ELSEWHERE = [
+    pytest.param(["trainer=gpu"], ["trainer=cpu"], id="gpu-then-cpu", marks=ON_GPU),
+    pytest.param(["trainer=cpu"], ["trainer=gpu"], id="cpu-then-gpu", marks=ON_GPU),
+    pytest.param(["trainer=cpu", "data.on_device=true"], ["trainer=cpu"], id="tensors-then-loader"),
+    pytest.param(["trainer=cpu"], ["trainer=cpu", "data.on_device=true"], id="loader-then-tensors"),
+]
+
+
+@pytest.mark.parametrize(("first", "then"), ELSEWHERE)
+def test_a_run_resumed_on_another_device_goes_on_learning(
+    compose_config, tmp_path: Path, first: list[str], then: list[str]
+) -> None:
+    common = ["test=false", "trainer.limit_train_batches=8", "callbacks.early_stopping=null",
+              "callbacks.plots=null", *QUIET]  # fmt: skip
+    run(compose_config(*first, "trainer.max_epochs=2", *common))
+    checkpoint = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    run(compose_config(*then, "trainer.max_epochs=4", f"ckpt_path={checkpoint}", *common))
+    with open(tmp_path / "run" / "csv" / "metrics.csv") as f:
+        val = {int(r["epoch"]): float(r["val/loss"]) for r in csv.DictReader(f) if r["val/loss"]}
+    assert sorted(val) == [0, 1, 2, 3]  # the resumed run's epochs follow the checkpoint's
+    assert val[3] < val[1]
+    assert torch.load(checkpoint, weights_only=True)["global_step"] == 32

@@ -34,27 +34,40 @@ def read_rows(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-def test_predicts_a_folder_of_image_files(checkpoint: Path, tmp_path: Path) -> None:
+def digit_files(folder: Path) -> list[int]:
+    """The first 40 digits as 16x16 PNG files (prediction resizes them to the model's 8x8), half
+    of them in a subfolder, and a file that is not an image; returns their labels."""
     digits = load_digits()
-    folder = tmp_path / "images"
     (folder / "nested").mkdir(parents=True)
     for i in range(40):
         pixels = torch.tensor(digits.images[i] * 255 / 16).round().to(torch.uint8)[None]
-        # 16x16 files: prediction resizes them to the model's 8x8.
         big = pixels.repeat_interleave(2, dim=1).repeat_interleave(2, dim=2)
         write_png(big, str(folder / ("nested" if i % 2 else "") / f"digit_{i:02d}.png"))
     (folder / "notes.txt").write_text("not an image")
+    return list(digits.target[:40])
 
-    output = predict(
-        PredictArgs(ckpt_path=str(checkpoint), input=str(folder), output=str(tmp_path / "p.csv"))
-    )
+
+def predicted_right(checkpoint: Path, tmp_path: Path, accelerator: str = "auto") -> int:
+    """How many of `digit_files` the checkpoint classifies right."""
+    labels = digit_files(tmp_path / "images")
+    output = predict(PredictArgs(str(checkpoint), str(tmp_path / "images"),
+                                 str(tmp_path / "p.csv"), accelerator=accelerator))  # fmt: skip
     rows = read_rows(output)
     assert len(rows) == 40
     assert all(0.0 <= float(r["probability"]) <= 1.0 for r in rows)
-    # The model learnt the digits: its predictions on the files match the labels.
     by_name = {Path(r["file"]).name: int(r["class"]) for r in rows}
-    correct = sum(by_name[f"digit_{i:02d}.png"] == digits.target[i] for i in range(40))
-    assert correct >= 34
+    return sum(by_name[f"digit_{i:02d}.png"] == label for i, label in enumerate(labels))
+
+
+def test_predicts_a_folder_of_image_files(checkpoint: Path, tmp_path: Path) -> None:
+    # The model learnt the digits: its predictions on the files match the labels.
+    assert predicted_right(checkpoint, tmp_path) >= 34
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_gpu_checkpoint_predicts_on_the_gpu(gpu_trained_run, tmp_path: Path) -> None:
+    assert predicted_right(gpu_trained_run.last_checkpoint, tmp_path, accelerator="gpu") >= 34
 
 
 def test_a_corrupt_file_is_named_and_the_others_predicted(

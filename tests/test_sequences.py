@@ -21,7 +21,7 @@ from kindling.models import (
 )
 from kindling.train import run
 
-from conftest import QUIET, train_py
+from conftest import ON_GPU, QUIET, train_py
 
 CLASSES = ("down", "flat", "up")  # what a bump at a random step does to the first feature
 
@@ -148,21 +148,25 @@ FAMILIES = {
 }
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=ON_GPU)])
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_logits_do_not_depend_on_padding(family: str) -> None:
+def test_logits_do_not_depend_on_padding(family: str, device: str) -> None:
     """A sequence alone, and inside a batch padded to three times its length (with noise, not
     zeros, where the padding is), gives the same logits."""
+    # In float64 on both: TF32, which a GPU may use for float32, would differ by more than
+    # padding may.
     torch.manual_seed(0)
-    net = FAMILIES[family]()
+    net = FAMILIES[family]().to(device, torch.float64)
+    settings = {"device": device, "dtype": torch.float64}
     net.train()  # batch norm's running statistics: real steps of a padded batch only
-    net(torch.randn(4, 30, FEATURES), torch.tensor([30, 10, 5, 1]))
+    net(torch.randn(4, 30, FEATURES, **settings), torch.tensor([30, 10, 5, 1], device=device))
     net.eval()
-    sequence = torch.randn(1, 10, FEATURES)
-    batch = torch.randn(3, 30, FEATURES)
+    sequence = torch.randn(1, 10, FEATURES, **settings)
+    batch = torch.randn(3, 30, FEATURES, **settings)
     batch[1, :10] = sequence[0]
     with torch.no_grad():
-        alone = net(sequence, torch.tensor([10]))
-        padded = net(batch, torch.tensor([30, 10, 20]))[1:2]
+        alone = net(sequence, torch.tensor([10], device=device))
+        padded = net(batch, torch.tensor([30, 10, 20], device=device))[1:2]
     torch.testing.assert_close(padded, alone, atol=1e-5, rtol=0)
 
 
@@ -187,15 +191,18 @@ SMALL = {
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", list(SMALL))
+@pytest.mark.parametrize(
+    ("model", "trainer"), [*((model, "cpu") for model in SMALL),
+                           pytest.param("lstm", "gpu", marks=ON_GPU)]  # packed by cuDNN
+)  # fmt: skip
 def test_every_family_learns_where_a_pattern_lies(
-    compose_config, tmp_path: Path, model: str
+    compose_config, tmp_path: Path, model: str, trainer: str
 ) -> None:
     """The class is a bump at a random step of a sequence 5 to 50 steps long: chance is 1/3."""
     table = write_table(pattern_rows(150, seed=0), tmp_path / "table.parquet")
     cfg = compose_config(
         "data=sequences", f"data.path={table}", "data.batch_size=16", f"model={model}",
-        *SMALL[model], "model.optimizer.lr=0.003", "trainer=cpu", "trainer.max_epochs=12",
+        *SMALL[model], "model.optimizer.lr=0.003", f"trainer={trainer}", "trainer.max_epochs=12",
         "callbacks.early_stopping=null", "callbacks.plots=null", *QUIET,
     )  # fmt: skip
     assert cfg.model.net.num_features == 3 and cfg.model.num_classes == 3  # read from the table

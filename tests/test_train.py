@@ -56,6 +56,18 @@ def test_every_model_learns_digits(compose_config, tmp_path: Path, model: str) -
     assert train_losses[-1] < 0.5 * train_losses[0]
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_timm_net_learns_digits_on_the_gpu(compose_config, tmp_path: Path) -> None:
+    cfg = compose_config("model=timm", "model.net.name=test_resnet", "trainer=gpu",
+                         "trainer.max_epochs=3", "test=false", *QUIET)  # fmt: skip
+    run(cfg)
+    rows = read_metrics(tmp_path / "run")
+    assert last_value(rows, "val/acc") >= 0.5  # ten classes: chance is 0.1
+    train_losses = [float(r["train/loss"]) for r in rows if r.get("train/loss")]
+    assert train_losses[-1] < 0.5 * train_losses[0]
+
+
 def test_run_logs_metrics_checkpoints_and_returns_optimized_metric(trained_run) -> None:
     value, run_dir = trained_run.value, trained_run.run_dir
     rows = read_metrics(run_dir)

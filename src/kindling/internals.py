@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 import lightning
 from lightning.fabric.strategies.launchers import subprocess_script as fabric_launcher
 from lightning.fabric.utilities import data as fabric_data
+from lightning.fabric.utilities.types import _Stateful
 from lightning.pytorch.strategies.launchers import subprocess_script as pytorch_launcher
 from lightning.pytorch.utilities.combined_loader import CombinedLoader
 
@@ -92,19 +93,26 @@ def check_training_loader(trainer: lightning.Trainer) -> None:
     )
 
 
-def continue_training_loader(trainer: lightning.Trainer, states: list[dict]) -> None:
+def continue_training_loader(
+    trainer: lightning.Trainer, states: list[dict], fits: Callable[[object, dict], bool]
+) -> bool:
     """Give the training loaders of a resumed fit the checkpoint's `states` (after their
-    epoch, which a sampler's position belongs to) and start a new iterator over them."""
+    epoch, which a sampler's position belongs to) and start a new iterator over them. Where
+    `fits(loader, state)` is false for one of them, change nothing and return False."""
     check_sampler_epoch()
     check_training_loader(trainer)
     loop = trainer.fit_loop
     combined, fetcher = loop._combined_loader, loop._data_fetcher
     if combined is None or fetcher is None:
-        return
+        return True
+    stateful = [loader for loader in combined.flattened if isinstance(loader, _Stateful)]
+    if not all(map(fits, stateful, states)):
+        return False
     for loader in combined.flattened:
         fabric_data._set_sampler_epoch(loader, loop.epoch_progress.current.processed)
     combined._load_state_dicts(states)
     iter(fetcher)
+    return True
 
 
 def check_sigterm_flag(trainer: lightning.Trainer) -> None:

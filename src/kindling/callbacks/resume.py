@@ -8,6 +8,7 @@ import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_info
 
 
 def rng_states() -> dict[str, Any]:
@@ -59,14 +60,29 @@ class ResumeExactly(Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
         fit_loop = checkpoint.get("loops", {}).get("fit_loop", {})
-        self._loader_states = fit_loop.get("state_dict", {}).get("combined_loader", [])
+        # Taken out, so that Lightning never gives a loader a state it cannot take; given in
+        # on_train_start, once the loaders are known.
+        self._loader_states = fit_loop.get("state_dict", {}).pop("combined_loader", [])
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._loader_states:
             from kindling.internals import continue_training_loader  # a private part of Lightning
 
-            continue_training_loader(trainer, self._loader_states)
+            if not continue_training_loader(trainer, self._loader_states, _saved_by_its_kind):
+                rank_zero_info(
+                    "The checkpoint's training batches were served another way (from tensors on "
+                    "the device, or by a DataLoader; data.on_device=auto decides by the device): "
+                    "the rest of an interrupted epoch comes from a new pass over the data."
+                )
             self._loader_states = []
         if self._rng is not None:
             set_rng_states(self._rng)
             self._rng = None
+
+
+def _saved_by_its_kind(loader: object, state: dict[str, Any]) -> bool:
+    """Whether `state` is one `loader` can take: a `DeviceTensorLoader`'s for a
+    `DeviceTensorLoader` (a GPU run's with data.on_device=auto), a DataLoader's for another."""
+    from kindling.data.device_loader import DeviceTensorLoader
+
+    return isinstance(loader, DeviceTensorLoader) == (state.keys() == {"seed", "epoch", "served"})
