@@ -223,7 +223,7 @@ def steps(cpu: bool, work: Path) -> list[Step]:
     tiny = ["trainer=cpu", "debug=limit", "trainer.max_epochs=1"] if cpu else []
     overhead = [PYTHON, str(ROOT / "benchmarks" / "overhead.py"), "--models", "cnn", "transformer"]
     overhead += (
-        ["--epochs", "2", "--repeats", "1", "--samples", "256"] if cpu else ["--repeats", "2"]
+        ["--epochs", "2", "--repeats", "1", "--samples", "256"] if cpu else ["--repeats", "1"]
     )
     lm = [PYTHON, str(ROOT / "benchmarks" / "lm_throughput.py")]
     lm += (
@@ -237,16 +237,16 @@ def steps(cpu: bool, work: Path) -> list[Step]:
     return [
         Step("device", 30, [[PYTHON, "-c", VERSIONS], [PYTHON, "-m", "kindling.device_report"]],
              read_device),
-        Step("gpu_tests", 120, [[PYTHON, "-m", "pytest", "-m", "gpu", "-n", "0", "-q",
+        Step("gpu_tests", 150, [[PYTHON, "-m", "pytest", "-m", "gpu", "-n", "0", "-q",
                                  "-p", "no:cacheprovider", f"--junitxml={work / 'gpu_tests.xml'}",
                                  str(ROOT / "tests")]], read_junit),
-        Step("default_run", 80, [train("default", *tiny),
+        Step("default_run", 70, [train("default", *tiny),
                                  train("float32", *tiny, "trainer.precision=32-true")],
              read_runs(["default", "float32"])),
-        Step("overhead", 100, [[*overhead, "--precision", precision, "--out",
+        Step("overhead", 90, [[*overhead, "--precision", precision, "--out",
                                 str(work / f"overhead_{precision}")]
                                for precision in ("32-true", "bf16-mixed")], read_overhead),
-        Step("language_model", 150, [[*lm, "--out", str(work / "lm")]]
+        Step("language_model", 140, [[*lm, "--out", str(work / "lm")]]
              + ([] if cpu else [[*lm, "--compile", "--out", str(work / "lm")]]),
              read_json_reports("lm/lm_throughput*.json")),
         Step("ddp", 60, [train("ddp", *ddp)],
