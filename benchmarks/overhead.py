@@ -2,10 +2,11 @@
 
     python benchmarks/overhead.py                    # every family, on CUDA when present, else CPU
     python benchmarks/overhead.py --models rnn --epochs 9 --repeats 3
+    python benchmarks/overhead.py --models cnn transformer --precision bf16-mixed --epochs 5
     python benchmarks/overhead.py --measure instructions --models rnn --epochs 3 --repeats 1
 
 For each model (cnn, rnn, lstm, transformer) every side trains the same net (same initial
-weights), with the same optimizer, batch size and batches of the same in-memory data:
+weights), with the same optimizer, batch size, precision and batches of the same in-memory data:
 
 - plain: the loop everyone writes (`.to(device)`, forward, loss, backward, step);
 - lightning: the same step in a bare LightningModule, in a Trainer with no callbacks, logger,
@@ -15,6 +16,20 @@ weights), with the same optimizer, batch size and batches of the same in-memory 
   bar, model summary, learning-rate monitor, divergence check, device report, plots), the four
   that every run has (config and provenance in the checkpoint, random state, metrics kept on
   resume, checkpoint on interrupt) and the CSV logger.
+
+`--precision` (32-true, bf16-mixed, 16-mixed) is every side's: the Trainers get it as
+`precision=`, the plain loop runs its forward and loss under the `torch.autocast` that
+Lightning's MixedPrecision plugin enters (and, for 16-mixed, scales the loss with a GradScaler
+as the plugin does). The JSON has each Trainer's `precision` and, for every side, the dtype
+of the net's output in its first training step (`output_dtype`).
+
+Every side reads the same tensors through a DataLoader, one index per batch (kindling's
+`BatchIndexedTensors`), from pinned host memory with non-blocking copies on CUDA: kindling's
+`data.on_device` is off here. The GPU-resident path would serve the Trainer sides from
+kindling's `DeviceTensorLoader` and leave the plain loop a loader of its own, a different data
+path on each side; a DataLoader is the one path all three share, on a CPU as on a GPU, and the
+one any data set too big for the GPU takes. The Trainers' `benchmark` (cudnn.benchmark) is
+kindling's for both, and the plain loop, in the same process, runs with it too.
 
 The timed part is the training steps of an epoch: from the start of the epoch to its end (plain)
 or to the start of validation (Trainer), with the device synchronised before each clock read.
@@ -37,6 +52,7 @@ import os
 import platform
 import statistics
 import tempfile
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
 import lightning as L
@@ -48,7 +64,7 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import Callback
 from meters import PER_STEP, make_meter
 from omegaconf import open_dict
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader
 
 from kindling.data.image import InMemoryImageDataModule, Split
 from kindling.run import provenance
@@ -57,6 +73,10 @@ from kindling.train import build_trainer  # also registers kindling's config res
 ROOT = Path(__file__).resolve().parents[1]
 IMAGE_SHAPE = (1, 28, 28)
 SIDES = ("kindling", "lightning")
+PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
+PLACEMENT = (
+    "in-memory tensors, a DataLoader batch by one index; pinned, non-blocking copies on CUDA"
+)
 
 
 def synthetic_images(num: int, seed: int = 0) -> Split:
@@ -66,10 +86,10 @@ def synthetic_images(num: int, seed: int = 0) -> Split:
 
 
 class SyntheticDataModule(InMemoryImageDataModule):
-    """MNIST-sized random images: the DataLoader path kindling uses for MNIST."""
+    """MNIST-sized random images, served by a DataLoader on every device (see PLACEMENT)."""
 
     def __init__(self, num_train: int, **kwargs):
-        super().__init__(**kwargs)
+        super().__init__(on_device=False, **kwargs)
         self.num_train = num_train
 
     def load_splits(self) -> tuple[Split, Split]:
@@ -104,22 +124,47 @@ def compose_kindling(
     return cfg
 
 
+def output_dtype(net: torch.nn.Module) -> list[str]:
+    """Filled with the dtype of `net`'s output in its first training step (a one-shot hook)."""
+    seen: list[str] = []
+
+    def hook(module: torch.nn.Module, inputs, output: torch.Tensor) -> None:
+        if module.training:
+            seen.append(str(output.dtype).removeprefix("torch."))
+            handle.remove()
+
+    handle = net.register_forward_hook(hook)
+    return seen
+
+
 class PlainLoop:
     """The loop everyone writes, on its own copy of the net (same initial weights)."""
 
     def __init__(
-        self, cfg, datamodule: InMemoryImageDataModule, batch_size: int, device: torch.device, meter
-    ) -> None:
+        self, cfg, datamodule: InMemoryImageDataModule, batch_size: int, device: torch.device,
+        meter, precision: str,
+    ) -> None:  # fmt: skip
         L.seed_everything(0, workers=True)
         self.net = instantiate(cfg.model.net).to(device)
+        self.output_dtype = output_dtype(self.net)
         self.optimizer = instantiate(cfg.model.optimizer)(params=self.net.parameters())
-        images, labels = datamodule.data_train.tensors  # kindling's standardised train split
+        train = datamodule.data_train  # kindling's standardised split, one index per batch
         self.loader = DataLoader(
-            TensorDataset(images, labels), batch_size=batch_size, shuffle=True,
+            train, batch_size=batch_size, shuffle=True, collate_fn=train.collate,
             pin_memory=device.type == "cuda",
         )  # fmt: skip
         self.device = device
         self.meter = meter
+        self.precision = precision
+        # A loss scaler for float16 only, as Lightning's MixedPrecision plugin makes one.
+        self.scaler = torch.amp.GradScaler(device.type) if precision == "16-mixed" else None
+
+    def autocast(self) -> AbstractContextManager:
+        """What Lightning's precision plugin enters around forward and loss."""
+        if self.precision == "32-true":
+            return nullcontext()
+        dtype = torch.bfloat16 if self.precision == "bf16-mixed" else torch.float16
+        return torch.autocast(self.device.type, dtype=dtype, cache_enabled=False)
 
     def epoch(self) -> float:
         """One training epoch, measured (seconds or instructions)."""
@@ -127,10 +172,16 @@ class PlainLoop:
         self.meter.start()
         for x, y in self.loader:
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-            loss = F.cross_entropy(self.net(x), y)
+            with self.autocast():
+                loss = F.cross_entropy(self.net(x), y)
             self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            self.optimizer.step()
+            if self.scaler is None:
+                loss.backward()
+                self.optimizer.step()
+            else:
+                self.scaler.scale(loss).backward()
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
         return self.meter.stop()
 
 
@@ -195,16 +246,18 @@ class InterleavedMeter(TrainingMeter):
 
 def measure_against_plain(
     side: str, model: str, args, tmp: Path, device: torch.device, meter
-) -> tuple[InterleavedMeter, int]:
+) -> tuple[InterleavedMeter, L.Trainer, list[str]]:
     """One fit of `args.epochs` epochs on `side` ("kindling" or "lightning") with a plain epoch
     next to each."""
-    cfg = compose_kindling(model, args.accelerator, args.epochs, tmp, tuple(args.overrides))
+    overrides = (f"trainer.precision={args.precision}", *args.overrides)
+    cfg = compose_kindling(model, args.accelerator, args.epochs, tmp, overrides)
     datamodule = SyntheticDataModule(
         num_train=args.samples, data_dir=str(tmp), num_classes=10, image_shape=list(IMAGE_SHAPE),
         batch_size=args.batch_size, val_fraction=0.02, num_workers=0,
     )  # fmt: skip
     datamodule.setup("fit")  # the plain loop trains on the same standardised split
-    interleaved = InterleavedMeter(PlainLoop(cfg, datamodule, args.batch_size, device, meter))
+    plain = PlainLoop(cfg, datamodule, args.batch_size, device, meter, args.precision)
+    interleaved = InterleavedMeter(plain)
     L.seed_everything(0, workers=True)
     if side == "kindling":
         module = instantiate(cfg.model, _convert_="all")
@@ -214,11 +267,13 @@ def measure_against_plain(
         module = BareModule(instantiate(cfg.model.net), instantiate(cfg.model.optimizer))
         trainer = L.Trainer(
             accelerator=args.accelerator, devices=1, max_epochs=args.epochs,
+            precision=args.precision, benchmark=cfg.trainer.benchmark,
             callbacks=[interleaved], logger=False, enable_checkpointing=False,
             enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp,
         )  # fmt: skip
+    dtype = output_dtype(module.net)
     trainer.fit(module, datamodule=datamodule)
-    return interleaved, trainer.num_training_batches
+    return interleaved, trainer, dtype
 
 
 def main() -> None:
@@ -229,6 +284,12 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=4096)
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--accelerator", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default="32-true",
+        help="every side's (default: %(default)s)",
+    )
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     parser.add_argument(
         "--sides", nargs="+", choices=SIDES, default=list(SIDES),
@@ -242,6 +303,9 @@ def main() -> None:
         parser.error("--epochs must be 2 or more: the first epoch of each run is warm-up.")
     if args.measure == "instructions":
         args.accelerator = "cpu"  # callgrind counts what the CPU runs
+    if args.precision == "16-mixed" and args.accelerator == "cpu":
+        # Lightning would run bf16-mixed instead: the plain loop would not be doing the same.
+        parser.error("--precision 16-mixed needs CUDA; on a CPU use bf16-mixed.")
     if args.threads:
         torch.set_num_threads(args.threads)  # before make_meter, which counts with one thread
     device = torch.device("cuda" if args.accelerator in ("cuda", "gpu") else "cpu")
@@ -261,6 +325,8 @@ def main() -> None:
         "torch": torch.__version__,
         "lightning": L.__version__,
         "threads": torch.get_num_threads(),
+        "precision": args.precision,
+        "placement": PLACEMENT,
         "unit": meter.unit,
         "settings": {k: str(v) for k, v in vars(args).items()},
         "results": results,
@@ -271,8 +337,9 @@ def main() -> None:
     title = (
         f"Device: {device} ({hardware}), torch {torch.__version__}, lightning {L.__version__}, "
         f"{torch.get_num_threads()} threads, {args.samples} samples of {IMAGE_SHAPE}, "
-        f"batch {args.batch_size}, {args.repeats} runs x {args.epochs - 1} measured pairs of "
-        f"epochs per side, measured in {meter.unit}"
+        f"batch {args.batch_size}, precision {args.precision} on every side, data: {PLACEMENT}; "
+        f"{args.repeats} runs x {args.epochs - 1} measured pairs of epochs per side, measured "
+        f"in {meter.unit}"
     )
     lines = [title, "", *markdown_table(results, args.sides, meter.unit)]
     (args.out / f"{name}.md").write_text("\n".join(lines) + "\n")
@@ -285,13 +352,19 @@ def measure_model(model: str, args, tmp: Path, device: torch.device, meter) -> d
         side: {"plain": [], "side": []} for side in args.sides
     }
     steps = 0
+    precisions, dtypes = {}, {}
     for _ in range(args.repeats):
         for side in args.sides:
-            interleaved, steps = measure_against_plain(side, model, args, tmp / side, device, meter)
+            interleaved, trainer, dtype = measure_against_plain(
+                side, model, args, tmp / side, device, meter
+            )
+            steps, precisions[side] = trainer.num_training_batches, trainer.precision
+            (dtypes[side],), (dtypes["plain"],) = dtype, interleaved.plain.output_dtype
             # The first epoch of each side is warm-up.
             epochs[side]["plain"] += interleaved.plain_epochs[1:]
             epochs[side]["side"] += interleaved.epochs[1:]
     row: dict = {"model": model, "steps_per_epoch": steps, "batch_size": args.batch_size}
+    row["plain_output_dtype"] = dtypes["plain"]
     all_plain = [t for side in args.sides for t in epochs[side]["plain"]]
     row["plain_per_step"] = statistics.median(all_plain) / steps
     for side in args.sides:
@@ -303,6 +376,8 @@ def measure_model(model: str, args, tmp: Path, device: torch.device, meter) -> d
             "ratio": statistics.median(ratios),
             "ratio_q1": q1,
             "ratio_q3": q3,
+            "precision": precisions[side],  # as the side's Trainer ran it
+            "output_dtype": dtypes[side],
             "epochs": epochs[side]["side"],
             "plain_epochs": epochs[side]["plain"],
         }

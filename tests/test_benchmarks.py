@@ -13,12 +13,14 @@ import pytest
 from conftest import PYTHON
 
 ROOT = Path(__file__).resolve().parents[1]
+SIDES = ("kindling", "lightning")
 
 
 def test_overhead_benchmark_reports_ratios_of_every_side(tmp_path: Path) -> None:
     command = [
         *PYTHON, str(ROOT / "benchmarks" / "overhead.py"), "--models", "rnn",
         "--epochs", "4", "--repeats", "1", "--samples", "512", "--out", str(tmp_path),
+        "--precision", "bf16-mixed",  # not the Trainers' default: each side must be given it
     ]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -26,7 +28,7 @@ def test_overhead_benchmark_reports_ratios_of_every_side(tmp_path: Path) -> None
     report = json.loads((tmp_path / "overhead.json").read_text())
     (row,) = report["results"]
     assert row["model"] == "rnn" and row["steps_per_epoch"] == 4  # 502 samples, batch 128
-    for side in ("kindling", "lightning"):
+    for side in SIDES:
         timed = row[side]
         # Epoch 0 of each side is warm-up: three timed pairs, each a side epoch over a plain one.
         assert len(timed["epochs"]) == len(timed["plain_epochs"]) == 3
@@ -35,6 +37,11 @@ def test_overhead_benchmark_reports_ratios_of_every_side(tmp_path: Path) -> None
         ratios = sorted(trainer / plain for trainer, plain in pairs)
         # Of three ratios the median is the middle one (not the mean), the quartiles the others.
         assert [timed["ratio_q1"], timed["ratio"], timed["ratio_q3"]] == pytest.approx(ratios)
+    # Every side at the same precision: the Trainers as configured, each net's output as run.
+    assert report["precision"] == "bf16-mixed" and "DataLoader" in report["placement"]
+    assert row["kindling"]["precision"] == row["lightning"]["precision"] == "bf16-mixed"
+    dtypes = [row["plain_output_dtype"], *(row[side]["output_dtype"] for side in SIDES)]
+    assert dtypes == ["bfloat16"] * 3
     kindling_over_lightning = row["kindling"]["ratio"] / row["lightning"]["ratio"]
     assert row["kindling_over_lightning"] == pytest.approx(kindling_over_lightning)
 

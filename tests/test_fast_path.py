@@ -14,6 +14,7 @@ from torch.overrides import TorchFunctionMode
 
 from kindling.callbacks.divergence import StopOnDivergence
 from kindling.data.text import Vocabulary
+from kindling.hardware import best_precision
 from kindling.models import TransformerLanguageModel
 from kindling.modules import LanguageModel
 from kindling.train import run
@@ -182,6 +183,30 @@ def test_mnist_fast_uses_every_switch(compose_config) -> None:
     assert cfg.data.on_device and cfg.model.compile and cfg.model.channels_last
     assert cfg.trainer.precision == "bf16-mixed" and cfg.trainer.benchmark
     assert cfg.float32_matmul_precision == "high"
+
+
+def test_digits_fast_uses_every_switch_on_data_that_ships(compose_config) -> None:
+    cfg = compose_config("experiment=digits_fast")
+    assert cfg.data._target_ == "kindling.data.DigitsDataModule"  # no download
+    assert cfg.data.on_device is True and cfg.model.compile and cfg.model.channels_last
+    assert cfg.trainer.benchmark and cfg.float32_matmul_precision == "high"
+    # The device's best precision: bf16-mixed on a GPU with bfloat16, float32 on this CPU.
+    assert cfg.trainer.accelerator == "auto"
+    assert cfg.trainer.precision == best_precision("auto")
+
+
+@pytest.mark.slow
+def test_digits_fast_learns_on_the_cpu(compose_config, tmp_path: Path) -> None:
+    import csv
+
+    # Not compiled: on a 2-core CPU compiling the net takes about 30 s, four times the run.
+    cfg = compose_config("experiment=digits_fast", "trainer.max_epochs=3", "model.compile=false")
+    with open_dict(cfg):
+        cfg.paths.output_dir = str(tmp_path)
+    run(cfg)
+    with open(tmp_path / "csv" / "metrics.csv") as f:
+        (test_acc,) = [float(r["test/acc"]) for r in csv.DictReader(f) if r.get("test/acc")]
+    assert test_acc > 0.9  # of 359 held-out digits; chance is 0.1
 
 
 @pytest.mark.gpu

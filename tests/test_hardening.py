@@ -184,6 +184,18 @@ def break_fit_loop(monkeypatch) -> None:
     monkeypatch.setattr(_FitLoop, "__init__", renamed)
 
 
+def break_throughput_meters(monkeypatch) -> None:
+    from lightning.pytorch.callbacks import ThroughputMonitor
+
+    init = ThroughputMonitor.__init__
+
+    def renamed(self, *args, **kwargs) -> None:  # a release that keeps its meters otherwise
+        init(self, *args, **kwargs)
+        self.meters = self.__dict__.pop("_throughputs")
+
+    monkeypatch.setattr(ThroughputMonitor, "__init__", renamed)
+
+
 BROKEN_INTERNALS = {
     "hydra command gone": (break_hydra_launcher, "_hydra_subprocess_cmd(local_rank)"),
     "hydra command signature": (change_hydra_command_signature, "_hydra_subprocess_cmd"),
@@ -192,12 +204,14 @@ BROKEN_INTERNALS = {
     "training loader": (break_training_loader, "CombinedLoader._load_state_dicts"),
     "fit loop": (break_fit_loop, "_FitLoop._combined_loader"),
     "sigterm flag": (break_sigterm_flag, "_SignalConnector.received_sigterm"),
+    "throughput meters": (break_throughput_meters, "ThroughputMonitor._throughputs"),
 }
 
 
 @pytest.mark.parametrize("case", BROKEN_INTERNALS)
 def test_a_patch_whose_lightning_target_changed_stops_with_the_version(monkeypatch, case) -> None:
     import lightning
+    from lightning.pytorch.callbacks import ThroughputMonitor
 
     from kindling import internals
 
@@ -209,6 +223,7 @@ def test_a_patch_whose_lightning_target_changed_stops_with_the_version(monkeypat
         internals.check_sampler_epoch()
         internals.check_training_loader(trainer)
         internals.check_sigterm_flag(trainer)
+        internals.check_throughput_meters(ThroughputMonitor(batch_size_fn=len))
 
     check_all()  # the installed Lightning passes
     breaks(monkeypatch)

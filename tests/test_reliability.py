@@ -67,6 +67,48 @@ def test_resume_gives_the_same_numbers_as_a_straight_run(compose_config, tmp_pat
         torch.testing.assert_close(weights[1][key], tensor, rtol=0, atol=1e-6, msg=key)
 
 
+def eight_gpu_states() -> list[torch.Tensor]:
+    """CUDA generator states as an 8-GPU machine saves them: a seed and an offset, in bytes."""
+    return [torch.arange(16, dtype=torch.uint8) + gpu for gpu in range(8)]
+
+
+def test_generators_of_eight_gpus_go_to_the_one_gpu_a_run_resumes_on(monkeypatch) -> None:
+    from kindling.callbacks.resume import rng_states, set_rng_states
+
+    states = {**rng_states(), "cuda": eight_gpu_states()}
+    set_rng_states(states)  # a CPU: no GPU generator to set
+    # A machine with one GPU, and its generator: each GPU is set at most once, this one only.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    gpus: dict[str, torch.Tensor] = {}
+
+    def set_state(state: torch.Tensor, device: str | int = "cuda") -> None:
+        gpus[str(device)] = state
+
+    for module in (torch.cuda, torch.cuda.random):  # `set_rng_state_all` calls the latter's
+        monkeypatch.setattr(module, "set_rng_state", set_state)
+        monkeypatch.setattr(module, "get_rng_state", lambda device="cuda": gpus[str(device)])
+    set_rng_states(states)
+    assert list(gpus) == ["cuda"]  # the current device: this process's GPU
+    assert torch.equal(gpus["cuda"], states["cuda"][0])
+    assert [torch.equal(s, gpus["cuda"]) for s in rng_states()["cuda"]] == [True]
+
+
+@pytest.mark.slow
+def test_a_checkpoint_of_eight_gpus_resumes_on_a_cpu(compose_config, tmp_path: Path) -> None:
+    common = [*REPRODUCIBLE, "debug=limit"]
+    run(in_folder(compose_config(*common, "trainer.max_epochs=1"), tmp_path))
+    checkpoint = tmp_path / "checkpoints" / "last.ckpt"
+    saved = torch.load(checkpoint, weights_only=True)
+    rng = saved["callbacks"]["ResumeExactly"]["rng"]
+    assert rng["cuda"] == []  # what a CPU saves
+    rng["cuda"] = eight_gpu_states()
+    torch.save(saved, checkpoint)
+    overrides = ["trainer.max_epochs=2", f"ckpt_path={checkpoint}"]
+    run(in_folder(compose_config(*common, *overrides), tmp_path))
+    assert last(metrics_csv(tmp_path), "epoch") == 1
+
+
 def test_test_only_run_reports_the_training_runs_test_accuracy(
     compose_config, tmp_path, trained_run
 ) -> None:

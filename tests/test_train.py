@@ -206,6 +206,52 @@ def test_throughput_callback_logs_samples_per_second_and_counts_flops(
     assert flops == 3 * (first_conv + second_conv + head) - first_conv
 
 
+@pytest.mark.parametrize(
+    ("card", "peak"),
+    [
+        ("NVIDIA H200", 989.5e12),  # Lightning's table names no H200 this way
+        ("NVIDIA L40S", 362.05e12),  # Lightning's takes it for an L4 (121e12)
+        ("NVIDIA H100 80GB HBM3", 989.4e12),  # an H100 SXM: Lightning's answer
+        ("NVIDIA A100-SXM4-80GB", 312e12),
+        ("NVIDIA Unknown Card", None),
+    ],
+)
+def test_throughput_callback_takes_the_peak_of_a_card_lightning_misses(
+    monkeypatch, caplog, card: str, peak: float | None
+) -> None:
+    from types import SimpleNamespace
+
+    from lightning.pytorch.plugins import MixedPrecision
+    from lightning.pytorch.trainer.states import RunningStage
+
+    from kindling.callbacks.throughput import ThroughputWithMFU
+
+    # A bf16 run on one pretend GPU of this name: what the monitor reads when it is set up.
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: card)
+    trainer = SimpleNamespace(
+        precision="bf16-mixed",
+        precision_plugin=MixedPrecision("bf16-mixed", "cuda"),
+        strategy=SimpleNamespace(root_device=torch.device("cuda", 0)),
+        state=SimpleNamespace(stage=RunningStage.TRAINING),
+        enable_validation=False,
+        world_size=1,
+    )
+    monitor = ThroughputWithMFU(window_size=2)
+    with caplog.at_level("INFO"):
+        monitor.setup(trainer, None, "fit")
+    meter = monitor._throughputs[RunningStage.TRAINING]  # what the batch hooks update
+    for step in (1, 2):
+        meter.update(time=float(step), batches=step, samples=16 * step, flops=10**12)
+    metrics = meter.compute()
+    assert metrics["device/samples_per_sec"] == 16
+    if peak is None:
+        assert "device/mfu" not in metrics
+        assert "Peak FLOPs of this device unknown: MFU is not logged." in caplog.text
+    else:
+        assert monitor.available_flops == pytest.approx(peak)
+        assert metrics["device/mfu"] == pytest.approx(1e12 / peak)
+
+
 @pytest.mark.parametrize("model", ["cnn", "transformer"])
 def test_model_summary_shows_flops_and_sizes_of_one_example_image(compose_config, model) -> None:
     from hydra.utils import instantiate

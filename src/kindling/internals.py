@@ -20,6 +20,11 @@ nothing.
   sampler's `set_epoch` through `lightning.fabric.utilities.data._set_sampler_epoch`, which only
   DataLoaders get publicly; without it every epoch has the first one's order.
   Tested: tests/test_data.py (test_device_loader_shards_shuffles_and_follows_the_epoch).
+- MFU on the cards Lightning's table misses or misreads (`kindling.callbacks.ThroughputWithMFU`):
+  `ThroughputMonitor` makes its `Throughput` meters with the peak it looked up itself and takes
+  none from its caller (an `available_flops` argument collides with its own), so kindling's peak
+  goes to the meters in `ThroughputMonitor._throughputs` after `setup`.
+  Tested: tests/test_train.py (test_throughput_callback_takes_the_peak_of_a_card_lightning_misses).
 - SIGTERM during validation (`kindling.callbacks.CheckpointOnInterrupt`): the flag the loops stop
   on, `_SignalConnector.received_sigterm`, is held until validation ends, so a resumed run never
   skips that epoch's validation. Tested: tests/test_reliability.py.
@@ -31,7 +36,9 @@ from collections.abc import Callable, Sequence
 import lightning
 from lightning.fabric.strategies.launchers import subprocess_script as fabric_launcher
 from lightning.fabric.utilities import data as fabric_data
+from lightning.fabric.utilities.throughput import Throughput
 from lightning.fabric.utilities.types import _Stateful
+from lightning.pytorch.callbacks import ThroughputMonitor
 from lightning.pytorch.strategies.launchers import subprocess_script as pytorch_launcher
 from lightning.pytorch.utilities.combined_loader import CombinedLoader
 
@@ -126,3 +133,19 @@ def set_sigterm_received(trainer: lightning.Trainer, received: bool) -> None:
     """Set the flag Lightning's loops read to stop at the end of a step (and say SIGTERM came)."""
     check_sigterm_flag(trainer)
     trainer._signal_connector.received_sigterm = received
+
+
+def check_throughput_meters(monitor: ThroughputMonitor) -> None:
+    meters = getattr(monitor, "_throughputs", None)
+    _require(
+        isinstance(meters, dict) and all(isinstance(m, Throughput) for m in meters.values()),
+        "ThroughputMonitor._throughputs, its Throughput meters by stage",
+    )
+
+
+def set_available_flops(monitor: ThroughputMonitor, flops: float) -> None:
+    """Have a set-up `monitor` compute MFU over a peak of `flops` FLOP/s."""
+    check_throughput_meters(monitor)
+    monitor.available_flops = flops
+    for meter in monitor._throughputs.values():
+        meter.available_flops = flops

@@ -12,13 +12,18 @@ from lightning.pytorch.utilities import rank_zero_info
 
 
 def rng_states() -> dict[str, Any]:
-    """Python, NumPy and torch (CPU and CUDA) generator states, as plain containers and tensors."""
+    """Python, NumPy and torch (CPU and CUDA) generator states, as plain containers and tensors.
+
+    "cuda" holds the generator of this process's GPU (Lightning makes it the current device),
+    none without one: a DDP rank draws from its own GPU only, and the other GPUs it can see
+    are other ranks'.
+    """
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     return {
         "python": random.getstate(),
         "numpy": [kind, torch.from_numpy(keys.copy()), pos, has_gauss, cached],
         "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "cuda": [torch.cuda.get_rng_state()] if torch.cuda.is_available() else [],
     }
 
 
@@ -28,8 +33,11 @@ def set_rng_states(states: dict[str, Any]) -> None:
     kind, keys, pos, has_gauss, cached = states["numpy"]
     np.random.set_state((kind, keys.numpy(), pos, has_gauss, cached))
     torch.set_rng_state(states["torch"])
+    # The saving process's GPU goes to this process's, if it has one: a checkpoint of eight GPUs
+    # resumes on one, or on a CPU. (Older checkpoints hold every GPU the saver could see; the
+    # first is its own when it ran on cuda:0.)
     if states["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
+        torch.cuda.set_rng_state(states["cuda"][0])
 
 
 class ResumeExactly(Callback):
