@@ -146,7 +146,9 @@ def _check(cfg: DictConfig) -> str | None:
     runs_dir = Path(cfg.paths.log_dir) / cfg.task_name / "runs"
     checkpoint = resumed.resolve_checkpoint(cfg.get("ckpt_path"), runs_dir)
     if checkpoint is not None:
-        checks.check_checkpoint(checkpoint, cfg.model)
+        stored = checks.check_checkpoint(checkpoint, cfg.model)
+        if cfg.get("train"):
+            checks.check_training_left(stored, checkpoint, cfg.trainer)
     elif not cfg.get("train") and cfg.get("test"):
         raise UserError("train=false tests a checkpoint: give it with ckpt_path=<file>.")
     return str(checkpoint) if checkpoint is not None else None
