@@ -66,7 +66,11 @@ def run(cfg: DictConfig) -> float | None:
 
 def train_and_test(cfg: DictConfig) -> float | None:
     augment_images_only(cfg.data)
-    checkpoint = _check(cfg)
+    try:
+        checkpoint = _check(cfg)
+    except UserError:
+        resumed.forget_refused(cfg.paths.output_dir)
+        raise
     record_dir = resumed.record_dir(cfg.paths.output_dir)  # a resumed run keeps the first's record
     print_config_tree(cfg, save_dir=record_dir)
     run_provenance = provenance.collect()
