@@ -31,7 +31,7 @@ from kindling.config.errors import UserError, find_user_error
 from kindling.config.instantiate import build, check_arguments, instantiate_group
 from kindling.data.loaders import per_device_batch_size
 from kindling.known_warnings import ignore_unhelpful_warnings
-from kindling.run import hydra_ddp, job_record, provenance, resumed
+from kindling.run import folder_lock, hydra_ddp, job_record, provenance, resumed
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +62,8 @@ def run(cfg: DictConfig) -> float | None:
         if _in_multirun():
             raise
         sys.exit(1)
+    finally:
+        folder_lock.release(cfg.paths.output_dir)
 
 
 def train_and_test(cfg: DictConfig) -> float | None:
@@ -138,6 +140,7 @@ def build_trainer(
 
 def _check(cfg: DictConfig) -> str | None:
     """Fail on bad input before any work; return the checkpoint file to start from, if any."""
+    folder_lock.hold(cfg.paths.output_dir)  # first: a folder in use is refused for that alone
     checks.check_model_fits_data(cfg)
     checks.check_seed(cfg.get("seed"))
     # Every object's config against its target's signature, before anything is built.
