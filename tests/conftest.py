@@ -10,7 +10,8 @@ Fixtures:
   `.run_dir` holds `checkpoints/last.ckpt`, the best `checkpoints/epoch_*.ckpt`,
   `csv/metrics.csv` (train, val and test rows); `.value` is what `run` returned (val/acc_best).
   Tests that only read a trained checkpoint or its metrics use it; they must not write into its
-  folder (give a test-only run its own `paths.output_dir`).
+  folder (give a test-only run its own `paths.output_dir`); `copy_run(trained_run, folder)`
+  copies it to resume or damage.
 - `gpu_trained_run`: the same run on the GPU (`trainer=gpu`), for the `gpu` tests of what
   follows training (prediction, export).
 - `serve_folder(folder)`: an HTTP server for `folder` on 127.0.0.1 (a free port), stopped at
@@ -34,6 +35,7 @@ repository, and may share a worker with any other test.
 import functools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -187,6 +189,14 @@ def trained_run(tmp_path_factory: pytest.TempPathFactory) -> TrainedRun:
 @pytest.fixture(scope="session")
 def gpu_trained_run(tmp_path_factory: pytest.TempPathFactory) -> TrainedRun:
     return _trained_once(tmp_path_factory, "gpu")
+
+
+def copy_run(trained: TrainedRun, folder: Path) -> Path:
+    """A copy of `trained`'s run folder at `folder`, with the `.hydra/` that `python train.py`
+    leaves in a run folder (so resuming it continues there)."""
+    shutil.copytree(trained.run_dir, folder)
+    (folder / ".hydra").mkdir(exist_ok=True)
+    return folder
 
 
 def options(group: str) -> list[str]:

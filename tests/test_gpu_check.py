@@ -34,12 +34,13 @@ def test_the_cpu_dry_run_goes_through_every_step_and_reports_its_numbers(tmp_pat
     assert steps["device"]["versions"]["lightning"] and steps["device"]["gpu"] is None
     # Every gpu test was collected and skipped here (no CUDA), none failed.
     assert steps["gpu_tests"]["tests"] >= 5 and steps["gpu_tests"]["failures"] == 0
-    for run in steps["default_run"].values():
+    for run in (steps["default_run"]["default"], steps["default_run"]["float32"]):
         assert run["precision"] == "32-true" and run["run_folders"] == 1 and run["test_acc"] > 0
     precisions = {label.split()[1] for label in steps["overhead"] if " " in label}
     assert precisions == {"32-true", "bf16-mixed"}
-    assert all(row["kindling_over_plain"] > 0 for row in steps["overhead"].values())
-    (language_model,) = steps["language_model"].values()
+    rows = [row for label, row in steps["overhead"].items() if " " in label]
+    assert len(rows) == 4 and all(row["kindling_over_plain"] > 0 for row in rows)
+    language_model = steps["language_model"]["lm/lm_throughput"]
     assert language_model["tokens_per_s"] > 0 and language_model["flops_per_batch"] > 0
     assert steps["ddp"]["ddp"] | {"test_acc": None} == {
         "test_acc": None, "precision": "32-true", "run_folders": 1, "ranks": 2,

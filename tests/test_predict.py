@@ -355,3 +355,48 @@ def test_two_processes_predict_each_sequence_once(
                               batch_size=4))  # fmt: skip
     assert read_rows(one) == two
     assert sorted(p.name for p in output.parent.iterdir()) == ["p.csv"]
+
+
+def test_output_that_predicting_would_destroy_or_cannot_write_is_refused_before_any_work(
+    checkpoint: Path, tmp_path: Path, caplog, monkeypatch
+) -> None:
+    own = tmp_path / "model.ckpt"
+    own.write_bytes(checkpoint.read_bytes())
+    (tmp_path / "notes.txt").write_text("my notes\n")
+    (tmp_path / "picture.png").write_bytes(b"\x89PNG\r\n\x1a\n")
+    (tmp_path / "images").mkdir()
+    cases = {
+        ("output=notes.txt",): "output=notes.txt exists and is not a CSV of predictions",
+        ("output=picture.png",): "output=picture.png exists and is not a CSV of predictions",
+        ("output=model.ckpt", "overwrite=true"): "output=model.ckpt is the checkpoint it reads",
+        ("output=images",): "output=images is a folder: name the CSV file to write",
+        ("output=notes.txt/predictions.csv",): "output=notes.txt/predictions.csv cannot be "
+        f"written: {tmp_path / 'notes.txt'} is not a folder you can write",
+    }
+    if os.geteuid() != 0:  # root writes into a read-only folder
+        (tmp_path / "readonly").mkdir(mode=0o555)
+        cases[("output=readonly/p.csv",)] = f"{tmp_path / 'readonly'} is not a folder you can"
+    before = {path: path.read_bytes() for path in tmp_path.iterdir() if path.is_file()}
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(predict_command, "load_module", lambda path: pytest.fail("work began"))
+    for args, message in cases.items():
+        caplog.clear()
+        with pytest.raises(SystemExit) as stopped:
+            predict_command.main(["ckpt_path=model.ckpt", "input=test", *args])
+        assert stopped.value.code == 1
+        (line,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+        assert message in line, line
+    assert {path: path.read_bytes() for path in tmp_path.iterdir() if path.is_file()} == before
+
+
+def test_overwrite_replaces_a_file_and_a_csv_of_predictions_is_replaced_as_it_stands(
+    checkpoint: Path, tmp_path: Path
+) -> None:
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    args = {"ckpt_path": str(checkpoint), "input": "test", "output": str(notes)}
+    predict(PredictArgs(**args, overwrite=True))
+    assert len(read_rows(notes)) == 359
+    predict(PredictArgs(**args))  # its own earlier result: no overwrite=true needed
+    assert len(read_rows(notes)) == 359
+    assert [path.name for path in tmp_path.iterdir()] == ["notes.txt"]  # no partial file left

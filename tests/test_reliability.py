@@ -14,12 +14,14 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf, open_dict
 
 import kindling.train
+from kindling.checkpoints import read_checkpoint
+from kindling.config.errors import UserError
 from kindling.config.instantiate import instantiate_group
 from kindling.loading import load_module
 from kindling.models import CNNClassifier
 from kindling.train import run
 
-from conftest import CONFIG_DIR, QUIET, start_train_py, train_py
+from conftest import CONFIG_DIR, QUIET, copy_run, start_train_py, train_py
 
 REPRODUCIBLE = ["trainer=cpu", "trainer.deterministic=true", "seed=7", "test=false", *QUIET]
 
@@ -334,3 +336,57 @@ def test_last_checkpoint_is_the_last_epoch_when_the_best_is_older(
         "epoch_000.ckpt",
         "last.ckpt",
     ]
+
+
+def damage(checkpoint: Path, how: str) -> None:
+    """Cut `checkpoint` to nothing, or to half its bytes (a copy that stopped, a full disk)."""
+    data = checkpoint.read_bytes()
+    checkpoint.write_bytes(b"" if how == "empty" else data[: len(data) // 2])
+
+
+DAMAGE = {"empty": "is empty (0 bytes)", "truncated": "is not a readable checkpoint"}
+
+
+@pytest.mark.parametrize(("how", "named"), DAMAGE.items())
+def test_a_damaged_checkpoint_is_named_with_the_intact_ones_beside_it(
+    trained_run, tmp_path: Path, how: str, named: str
+) -> None:
+    checkpoints = copy_run(trained_run, tmp_path / "run") / "checkpoints"
+    best = trained_run.best_checkpoint.name
+    older = checkpoints / "epoch_000.ckpt"  # a second intact one, saved before the best
+    older.write_bytes((checkpoints / best).read_bytes())
+    os.utime(older, (time.time() - 60, time.time() - 60))
+    (checkpoints / "broken.ckpt").write_bytes(b"")  # damaged too: not offered
+    damage(checkpoints / "last.ckpt", how)
+    with pytest.raises(UserError) as refused:
+        read_checkpoint(checkpoints / "last.ckpt")
+    message = str(refused.value)
+    assert f"{checkpoints / 'last.ckpt'} {named}" in message
+    assert f"Intact checkpoints beside it, newest first: {best}, epoch_000.ckpt" in message
+    assert f"ckpt_path={checkpoints}/<name>" in message
+    assert "\n" not in message
+
+
+@pytest.mark.slow
+def test_a_refused_resume_leaves_the_run_folder_as_it_was(trained_run, tmp_path: Path) -> None:
+    """`ckpt_path=last` of a run whose last.ckpt is empty: one line, and the run's folder
+    holds what it held (no `.hydra/resumed_*` of the refused attempt)."""
+    run_dir = copy_run(trained_run, tmp_path / "logs" / "train" / "runs" / "first")
+    damage(run_dir / "checkpoints" / "last.ckpt", "empty")
+    before = folder_contents(run_dir)
+    result = train_py("trainer=cpu", "ckpt_path=last", *QUIET, cwd=tmp_path, timeout=120)
+    output = result.stdout + result.stderr
+    assert result.returncode == 1
+    assert "last.ckpt is empty (0 bytes)" in output, output[-2000:]
+    assert trained_run.best_checkpoint.name in output
+    assert "Traceback" not in output
+    # Hydra opens the run's train.log before kindling runs: the refusal's line is added there.
+    assert folder_contents(run_dir, but="train.log") == before
+
+
+def folder_contents(folder: Path, but: str = "") -> dict[str, bytes]:
+    return {
+        str(path.relative_to(folder)): path.read_bytes() if path.is_file() else b"<folder>"
+        for path in folder.rglob("*")
+        if path.name != but
+    }

@@ -1,6 +1,7 @@
 """A run resumed in its folder keeps its record: every epoch's metrics, its first config."""
 
 import csv
+import logging
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,10 @@ from kindling.callbacks.plots import read_history
 from kindling.loggers import ResumableCSVLogger
 from kindling.train import run
 
-from conftest import QUIET
+from conftest import QUIET, TRAINED_RUN, copy_run
+
+# What a finished run's folder records: a refused resume changes none of it.
+RECORD = ["results.yaml", "csv/metrics.csv", "checkpoints/last.ckpt"]
 
 
 def read_rows(path: Path) -> list[dict[str, str]]:
@@ -89,3 +93,25 @@ def test_resume_in_the_same_folder_keeps_every_epoch(compose_config, tmp_path: P
     assert "max_epochs: 4" in (resumed / "config_tree.log").read_text()
     assert (resumed / "provenance.yaml").is_file()
     assert (run_dir / "csv" / "hparams_resumed_1.yaml").is_file()
+
+
+def test_resuming_a_finished_run_says_so_and_leaves_its_record(
+    compose_config, trained_run, tmp_path: Path, caplog
+) -> None:
+    """The run trained its 4 epochs and was tested: resuming it with the same max_epochs would
+    only test again, so it is refused in one line that says how to train further."""
+    run_dir = copy_run(trained_run, tmp_path / "run")
+    record = {name: (run_dir / name).read_bytes() for name in RECORD}
+    with pytest.raises(SystemExit) as stopped:
+        run(compose_config(*TRAINED_RUN, f"ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}"))
+    assert stopped.value.code == 1
+    (line,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert "has finished training: its checkpoint has 4 epochs of trainer.max_epochs=4" in line
+    assert "trainer.max_epochs=8" in line  # how to train further
+    # How to test it again: a test-only run of its best checkpoint, in a folder of its own.
+    assert (
+        f"train=false ckpt_path={run_dir / 'checkpoints' / trained_run.best_checkpoint.name}"
+        in line
+    )
+    assert {name: (run_dir / name).read_bytes() for name in RECORD} == record
+    assert not list(run_dir.glob("csv/hparams_resumed_*"))

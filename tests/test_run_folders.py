@@ -1,18 +1,24 @@
 """One folder per run, whatever starts runs together; one folder for all ranks of a launch."""
 
+import logging
 import re
+import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
+from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import OmegaConf
 
-from kindling.run import run_folder
+from kindling.config.errors import UserError
+from kindling.run import folder_lock, run_folder
+from kindling.train import run
 
-from conftest import CONFIG_DIR, QUIET, start_train_py
+from conftest import CONFIG_DIR, PYTHON, QUIET, copy_run, start_train_py
 
 LAUNCHER_VARIABLES = [
     "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "RANK", "GROUP_WORLD_SIZE",
@@ -193,3 +199,58 @@ def test_runs_and_multiruns_started_together_get_complete_folders_of_their_own(
         assert (folder / "checkpoints" / "last.ckpt").is_file(), folder
         rows = (folder / "csv" / "metrics.csv").read_text().splitlines()
         assert len([r for r in rows if r.startswith("0,")]) == 2, folder  # train and val, once
+
+
+def hold_in_another_process(folder: Path) -> subprocess.Popen:
+    """A process that holds `folder`'s lock until it is killed."""
+    holder = subprocess.Popen(
+        [*PYTHON, "-c", "import sys, time; from kindling.run import folder_lock; "
+         "folder_lock.hold(sys.argv[1]); print('held', flush=True); time.sleep(600)", str(folder)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert holder.stdout.readline() == "held\n"
+    return holder
+
+
+def test_a_folder_held_by_a_live_process_is_refused_and_free_once_it_is_killed(
+    tmp_path: Path, monkeypatch
+) -> None:
+    holder = hold_in_another_process(tmp_path)
+    try:
+        with pytest.raises(UserError, match=rf"{tmp_path} is in use by process {holder.pid} on "):
+            folder_lock.hold(tmp_path)
+        # The other ranks of the holder's own job share its folder: they take no lock.
+        monkeypatch.setattr(rank_zero_only, "rank", 1)
+        folder_lock.hold(tmp_path)
+        monkeypatch.undo()
+        monkeypatch.setenv("NODE_RANK", "1")  # the first process of a second node
+        folder_lock.hold(tmp_path)
+        monkeypatch.undo()
+    finally:
+        holder.kill()  # SIGKILL: no chance to clean up
+        holder.wait()
+    folder_lock.hold(tmp_path)  # the operating system released the lock of the killed process
+    folder_lock.release(tmp_path)
+
+
+@pytest.mark.slow
+def test_a_second_resume_of_a_live_run_is_refused_naming_it(
+    trained_run, compose_config, tmp_path: Path, caplog
+) -> None:
+    run_dir = copy_run(trained_run, tmp_path / "run")
+    resume = f"ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}"
+    first = start_train_py("trainer=cpu", "trainer.max_epochs=100", resume, *QUIET, cwd=tmp_path)
+    try:
+        while not (run_dir / "csv" / "hparams_resumed_1.yaml").exists():  # it logs: it runs
+            assert first.poll() is None, first.stdout.read()
+            time.sleep(0.1)
+        with pytest.raises(SystemExit) as stopped:
+            run(compose_config("trainer=cpu", "trainer.max_epochs=5", resume, *QUIET))
+    finally:
+        first.kill()
+        first.wait()
+    assert stopped.value.code == 1
+    (line,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert f"{run_dir} is in use by process {first.pid} on " in line
+    assert "train.py" in line  # its command
+    assert not (run_dir / "csv" / "hparams_resumed_2.yaml").exists()

@@ -32,20 +32,54 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     local = isinstance(fs, LocalFileSystem)
     if not (Path(inner).is_file() if local else fs.isfile(inner)):
         raise UserError(f"Checkpoint {path} does not exist. Check ckpt_path.")
+    if local and Path(inner).stat().st_size == 0:
+        raise UserError(f"{path} is empty (0 bytes).{intact_beside(Path(inner))}")
     try:
         if local:
-            # mmap: reading a large checkpoint to check it costs next to nothing.
-            checkpoint = torch.load(inner, map_location="cpu", weights_only=True, mmap=True)
+            checkpoint = _load_local(Path(inner))
         else:
             with fs.open(inner, "rb") as file:
                 checkpoint = torch.load(file, map_location="cpu", weights_only=True)
     except Exception as error:
         raise UserError(
-            f"{path} is not a readable checkpoint ({error}). Check ckpt_path."
+            f"{path} is not a readable checkpoint ({error}).{intact_beside(Path(inner), local)}"
         ) from error
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
         raise UserError(f"{path} is not a Lightning checkpoint (no state_dict). Check ckpt_path.")
     return checkpoint
+
+
+def _load_local(path: Path) -> Any:
+    # mmap: reading a large checkpoint to check it costs next to nothing.
+    return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+
+
+def intact_beside(path: Path, local: bool = True) -> str:
+    """The end of the error about `path`: the readable checkpoints in its folder, newest first,
+    to pass instead. Reached only when `path` is refused."""
+    others = (
+        []
+        if not local
+        else sorted(
+            (other for other in path.parent.glob("*.ckpt") if other != path),
+            key=lambda other: other.stat().st_mtime,
+            reverse=True,
+        )
+    )
+    names = [other.name for other in others if _readable(other)]
+    if not names:
+        return " Check ckpt_path."
+    return (
+        f" Intact checkpoints beside it, newest first: {', '.join(names)}: "
+        f"pass one as ckpt_path={path.parent}/<name>."
+    )
+
+
+def _readable(path: Path) -> bool:
+    try:
+        return isinstance(_load_local(path), dict)
+    except Exception:
+        return False
 
 
 def without_compile_prefix(state_dict: dict[str, Any]) -> dict[str, Any]:

@@ -16,11 +16,17 @@ there is no GPU), each on its own share of the files or sequences; each writes i
 part file, and the first merges them into the one CSV. The checkpoint holds the model's config,
 its weights and the training set's statistics (per channel, or per feature), so nothing else is
 needed. The Lightning Trainer places the work (`accelerator=auto`: a GPU when there is one).
+
+`output=` is checked before any work: a folder, the checkpoint or input being read, or a place
+that cannot be written is refused; so is an existing file other than an earlier CSV of
+predictions, unless `overwrite=true`. The CSV is written beside it and renamed into place.
 """
 
 import csv
+import io
 import json
 import logging
+import os
 import shutil
 import sys
 from dataclasses import dataclass
@@ -41,6 +47,7 @@ from kindling.data.loaders import default_num_workers
 from kindling.data.normalize import to_model_input
 from kindling.data.sequence_table import Columns, read_sequence_table
 from kindling.data.sequences import Sequences
+from kindling.files import write_atomically
 from kindling.garbage_collection import skip_collections_at_exit
 from kindling.hardware import best_precision
 from kindling.loading import instantiate_stored, load_module
@@ -53,6 +60,7 @@ class PredictArgs:
     ckpt_path: str = "???"  # a checkpoint written by train.py
     input: str = "???"  # a folder of image files, a table of sequences, or a split: test | val
     output: str = "predictions.csv"
+    overwrite: bool = False  # replace an output file that is not a CSV of predictions
     batch_size: int = 256
     num_workers: int | None = None  # decoding processes; null: the CPUs available
     accelerator: str = "auto"  # cpu | gpu | auto
@@ -61,8 +69,10 @@ class PredictArgs:
 
 USAGE = (
     "python -m kindling.predict ckpt_path=<file> input=<folder | table | test | val> "
-    "output=<csv> [devices=N]"
+    "output=<csv> [devices=N] [overwrite=true]"
 )
+# The first line of the CSV predict writes, for images and for sequences.
+CSV_HEADERS = (b"file,class,probability", b"id,class,probability")
 
 
 class FilesToPredict(Dataset):
@@ -223,8 +233,55 @@ def check_features(found: list[str], trained: list[str], path: str, columns: Col
         )
 
 
+def check_output(args: PredictArgs) -> Path:
+    """Refuse, before any work, an `output=` that writing would destroy or cannot write: a
+    folder, the checkpoint or input being read, another file (unless `overwrite`), a place
+    that cannot be written."""
+    output = Path(args.output)
+    if output.is_dir():
+        raise UserError(
+            f"output={args.output} is a folder: name the CSV file to write "
+            f"(output={output / 'predictions.csv'})."
+        )
+    for read, what in ((args.ckpt_path, "checkpoint"), (args.input, "input")):
+        if output.is_file() and Path(read).exists() and output.samefile(read):
+            raise UserError(
+                f"output={args.output} is the {what} it reads: write the predictions to "
+                "another file."
+            )
+    if output.is_file() and not args.overwrite and not _is_predictions(output):
+        raise UserError(
+            f"output={args.output} exists and is not a CSV of predictions: choose another "
+            "output=, or add overwrite=true to replace it."
+        )
+    folder = output.absolute().parent
+    while not folder.exists():  # made when the predictions are written
+        folder = folder.parent
+    if not (folder.is_dir() and os.access(folder, os.W_OK | os.X_OK)):
+        raise UserError(
+            f"output={args.output} cannot be written: {folder} is not a folder you can write. "
+            "Choose output= in one you can."
+        )
+    return output
+
+
+def _is_predictions(path: Path) -> bool:
+    with open(path, "rb") as file:
+        return file.readline(100).rstrip(b"\r\n") in CSV_HEADERS
+
+
+def write_predictions(output: Path, header: list[str], rows: list[list[str]]) -> None:
+    """The CSV, written beside `output` and renamed into place: a failure leaves it as it was."""
+    text = io.StringIO()
+    writer = csv.writer(text)
+    writer.writerow(header)
+    writer.writerows(rows)
+    write_atomically(output, lambda file: file.write(text.getvalue().encode()))
+
+
 def predict(args: PredictArgs) -> Path:
     """Write the predictions CSV; return its path."""
+    output = check_output(args)
     module, checkpoint = load_module(args.ckpt_path)
     data_cfg = checkpoint["config"]["data"]
     state = checkpoint.get(data_cfg["_target_"].rsplit(".", 1)[-1], {})
@@ -237,7 +294,6 @@ def predict(args: PredictArgs) -> Path:
         raise UserError(f"devices={args.devices}: give the number of processes, 1 or more.")
     if args.devices > 1 and args.input in ("test", "val"):
         raise UserError(f"input={args.input} is predicted on one device: set devices=1.")
-    output = Path(args.output)
     trainer = L.Trainer(
         accelerator=args.accelerator, devices=args.devices,
         strategy="ddp" if args.devices > 1 else "auto",
@@ -260,13 +316,11 @@ def predict(args: PredictArgs) -> Path:
         for name in unreadable:
             log.warning("Skipped %s: not a readable image (corrupt or truncated).", name)
 
-    output.parent.mkdir(parents=True, exist_ok=True)
-    with open(output, "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["id" if is_sequences else "file", "class", "probability"])
-        for index, label, p in rows:
-            name = class_names[label] if class_names else label
-            writer.writerow([names[index], name, f"{p:.6f}"])
+    header = ["id" if is_sequences else "file", "class", "probability"]
+    write_predictions(output, header, [
+        [names[index], class_names[label] if class_names else label, f"{p:.6f}"]
+        for index, label, p in rows
+    ])  # fmt: skip
     if unreadable:
         log.warning("%d of %d files could not be decoded; they are not in %s.",
                     len(unreadable), len(names), output)  # fmt: skip

@@ -32,7 +32,7 @@ from kindling.config.instantiate import build, check_arguments, instantiate_grou
 from kindling.data.loaders import per_device_batch_size
 from kindling.hardware import best_precision
 from kindling.known_warnings import ignore_unhelpful_warnings
-from kindling.run import hydra_ddp, job_record, provenance, resumed
+from kindling.run import folder_lock, hydra_ddp, job_record, provenance, resumed
 
 log = logging.getLogger(__name__)
 
@@ -63,11 +63,17 @@ def run(cfg: DictConfig) -> float | None:
         if _in_multirun():
             raise
         sys.exit(1)
+    finally:
+        folder_lock.release(cfg.paths.output_dir)
 
 
 def train_and_test(cfg: DictConfig) -> float | None:
     augment_images_only(cfg.data)
-    checkpoint = _check(cfg)
+    try:
+        checkpoint = _check(cfg)
+    except UserError:
+        resumed.forget_refused(cfg.paths.output_dir)
+        raise
     record_dir = resumed.record_dir(cfg.paths.output_dir)  # a resumed run keeps the first's record
     print_config_tree(cfg, save_dir=record_dir)
     run_provenance = provenance.collect()
@@ -156,6 +162,7 @@ def decide_device_defaults(trainer: DictConfig, datamodule: L.LightningDataModul
 
 def _check(cfg: DictConfig) -> str | None:
     """Fail on bad input before any work; return the checkpoint file to start from, if any."""
+    folder_lock.hold(cfg.paths.output_dir)  # first: a folder in use is refused for that alone
     checks.check_model_fits_data(cfg)
     checks.check_seed(cfg.get("seed"))
     # Every object's config against its target's signature, before anything is built.
@@ -168,7 +175,9 @@ def _check(cfg: DictConfig) -> str | None:
     runs_dir = Path(cfg.paths.log_dir) / cfg.task_name / "runs"
     checkpoint = resumed.resolve_checkpoint(cfg.get("ckpt_path"), runs_dir)
     if checkpoint is not None:
-        checks.check_checkpoint(checkpoint, cfg.model)
+        stored = checks.check_checkpoint(checkpoint, cfg.model)
+        if cfg.get("train"):
+            checks.check_training_left(stored, checkpoint, cfg.trainer)
     elif not cfg.get("train") and cfg.get("test"):
         raise UserError("train=false tests a checkpoint: give it with ckpt_path=<file>.")
     return str(checkpoint) if checkpoint is not None else None

@@ -2,13 +2,14 @@
 
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 from hydra.core.hydra_config import HydraConfig
 from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
 from omegaconf import DictConfig, OmegaConf
 
-from kindling.checkpoints import read_checkpoint
+from kindling.checkpoints import is_url, read_checkpoint
 from kindling.config.errors import UserError
 
 
@@ -117,8 +118,8 @@ def check_model_fits_data(cfg: DictConfig) -> None:
     )
 
 
-def check_checkpoint(path: Path, model: DictConfig) -> None:
-    """The checkpoint exists, is one, and was written for the same kind of net."""
+def check_checkpoint(path: Path | str, model: DictConfig) -> dict[str, Any]:
+    """The checkpoint exists, is one, and was written for the same kind of net; returns it."""
     checkpoint = read_checkpoint(path)
     stored = checkpoint.get("config", {}).get("model", {}).get("net", {}).get("_target_")
     wanted = model.get("net", {}).get("_target_")
@@ -127,6 +128,45 @@ def check_checkpoint(path: Path, model: DictConfig) -> None:
             f"{path} holds a {stored.rsplit('.', 1)[-1]}, but this run builds a "
             f"{wanted.rsplit('.', 1)[-1]}. Choose the matching model= option, or another ckpt_path."
         )
+    return checkpoint
+
+
+def check_training_left(checkpoint: dict[str, Any], path: Path | str, trainer: DictConfig) -> None:
+    """Resuming a checkpoint whose training has ended (at `trainer.max_epochs`, or max_steps)
+    would fit nothing, then test again and record the test alone: refused, with how to go on."""
+    epochs = checkpoint["loops"]["fit_loop"]["epoch_progress"]["current"]["processed"]
+    max_epochs, max_steps = trainer.get("max_epochs"), trainer.get("max_steps", -1)
+    if max_epochs is None and max_steps == -1:
+        max_epochs = 1000  # Lightning's default
+    if max_epochs not in (None, -1) and epochs >= max_epochs:
+        done = f"its checkpoint has {epochs} epochs of trainer.max_epochs={max_epochs}"
+        further = f"trainer.max_epochs={2 * max(epochs, 1)}"
+    elif max_steps != -1 and checkpoint["global_step"] >= max_steps:
+        done = (
+            f"its checkpoint has {checkpoint['global_step']} steps of trainer.max_steps={max_steps}"
+        )
+        further = f"trainer.max_steps={2 * max_steps}"
+    else:
+        return
+    best = best_checkpoint(checkpoint, path)
+    test = f"train=false ckpt_path={best}" if best else "train=false ckpt_path=<checkpoint>"
+    raise UserError(
+        f"{path} has finished training: {done}. To train further, resume with a larger "
+        f"{further}; to test it again (in a folder of its own), {test}."
+    )
+
+
+def best_checkpoint(checkpoint: dict[str, Any], path: Path | str) -> Path | None:
+    """The best checkpoint of the run that saved `checkpoint` (at `path`), found in `path`'s
+    folder (the run folder may have moved since), or None."""
+    if is_url(path):
+        return None
+    for key, state in checkpoint.get("callbacks", {}).items():
+        if key.startswith("ModelCheckpoint") and state.get("best_model_score") is not None:
+            best = Path(path).parent / Path(state["best_model_path"]).name
+            if best.is_file():
+                return best
+    return None
 
 
 def check_seed(seed: object) -> None:

@@ -1,5 +1,6 @@
 """Where a resumed run continues: which checkpoint `ckpt_path=last` means, and which folder."""
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -67,10 +68,21 @@ def run_dir(log_dir: str, task_name: str, *, _root_: Any) -> str:
     return str(folder or run_folder.run_folder(log_dir, task_name))
 
 
+# The `.hydra/resumed_<stamp>` folder this process claimed in each run folder it resumes.
+_claimed_records: dict[Path, str] = {}
+
+
 def hydra_subdir(stamp: str, *, _root_: Any) -> str:
     """Where Hydra writes the run's config: `.hydra`, or `.hydra/resumed_<stamp>` when resuming in
-    an existing run folder, so the first run's config is never overwritten."""
-    return f".hydra/resumed_{stamp}" if resume_folder(_root_) else ".hydra"
+    an existing run folder, so the first run's config is never overwritten. Claimed (`-1`, ...
+    when another resume started in the same millisecond), so it is this process's alone."""
+    folder = resume_folder(_root_)
+    if folder is None:
+        return ".hydra"
+    if folder not in _claimed_records:
+        claimed = run_folder.claim_folder(folder / ".hydra", f"resumed_{stamp}")
+        _claimed_records[folder] = f".hydra/{claimed.name}"
+    return _claimed_records[folder]
 
 
 def record_dir(output_dir: str | Path) -> Path:
@@ -81,3 +93,11 @@ def record_dir(output_dir: str | Path) -> Path:
         if subdir and Path(subdir).name.startswith("resumed_"):
             return Path(output_dir) / subdir
     return Path(output_dir)
+
+
+def forget_refused(output_dir: str | Path) -> None:
+    """Remove what a resume refused before any work wrote into the run folder, its own
+    `.hydra/resumed_<stamp>/`, so that the run is left as it was."""
+    record = record_dir(output_dir)
+    if record != Path(output_dir):
+        shutil.rmtree(record, ignore_errors=True)
