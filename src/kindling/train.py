@@ -27,7 +27,7 @@ from kindling.callbacks import CheckpointOnInterrupt, ConfigInCheckpoint
 from kindling.checkpoints import is_url
 from kindling.config import checks, resolvers  # noqa: F401 - importing registers the resolvers
 from kindling.config.config_tree import print_config_tree
-from kindling.config.errors import UserError, find_user_error
+from kindling.config.errors import UserError, find_user_error, message
 from kindling.config.instantiate import build, check_arguments, instantiate_group
 from kindling.data.loaders import per_device_batch_size
 from kindling.hardware import best_precision
@@ -60,7 +60,7 @@ def run(cfg: DictConfig) -> float | None:
         if user_error is None or os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
         if rank_zero_only.rank == 0 or not user_error.raised_on_every_rank:
-            log.error("%s", user_error)
+            log.error("%s", message(user_error))
         if _in_multirun():
             raise
         sys.exit(1)
