@@ -49,6 +49,8 @@ def check_tracking_uri(loggers: DictConfig | None) -> None:
 def named(loggers: DictConfig | None, built: list[Logger]) -> Iterator[tuple[str, Logger]]:
     """`(config key, logger)` of each logger the Trainer holds, in the config's order."""
     keys = [f"logger.{name}" for name, entry in (loggers or {}).items() if entry is not None]
+    if len(keys) != len(built):  # fast_dev_run: Lightning holds one DummyLogger instead
+        keys = ["logger"] * len(built)
     return zip(keys, built, strict=True)
 
 
