@@ -205,6 +205,7 @@ class RemoveStore(L.Callback):
             self.database.unlink()
 
 
+@pytest.mark.slow
 def test_a_tracker_that_fails_mid_run_is_warned_once_and_training_goes_on(
     compose_config, tmp_path
 ) -> None:
