@@ -2,12 +2,15 @@
 
 import csv
 import json
+import logging
 import struct
 import time
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
+from lightning.pytorch.loggers import Logger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from kindling.train import run
@@ -167,3 +170,87 @@ def test_each_job_of_one_process_gets_its_own_wandb_run(
     finally:
         wandb.finish()
     assert len(run_files) == 2, run_files  # one wandb run per job, not one shared by both
+
+
+class BrokenTracker(Logger):
+    """A tracker whose server stops answering at its `fail_at`-th write."""
+
+    def __init__(self, fail_at: int) -> None:
+        super().__init__()
+        self.fail_at, self.writes = fail_at, 0
+
+    name, version = "broken", 0
+
+    def _write(self) -> None:
+        self.writes += 1
+        if self.writes >= self.fail_at:
+            raise ConnectionError("unreachable.\nRetried 7 times.")
+
+    def log_hyperparams(self, params, *args, **kwargs) -> None:
+        self._write()
+
+    def log_metrics(self, metrics, step=None) -> None:
+        self._write()
+
+
+class RemoveStore(L.Callback):
+    """Deletes the MLflow database the run logs to once epoch 0 is done, as a cleanup script or
+    a full disk might: MLflow fails on its next write."""
+
+    def __init__(self, database: str) -> None:
+        self.database = Path(database)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.current_epoch == 0:
+            self.database.unlink()
+
+
+@pytest.mark.slow
+def test_a_tracker_that_fails_mid_run_is_warned_once_and_training_goes_on(
+    compose_config, tmp_path
+) -> None:
+    pytest.importorskip("mlflow", reason='needs the trackers extra (".[trackers]")')
+    database = tmp_path / "logs" / "mlflow.db"
+    cfg = compose_config(
+        "logger=[csv,mlflow]", *FAST, "+callbacks.remove_store._target_=test_loggers.RemoveStore",
+        f"+callbacks.remove_store.database={database}",
+    )  # fmt: skip
+    with pytest.warns(UserWarning, match="MLFlowLogger") as warned:
+        run(cfg)
+    (line,) = [str(w.message) for w in warned if "MLFlowLogger" in str(w.message)]
+    assert "\n" not in line and "left out" in line
+    run_dir = tmp_path / "run"
+    with open(run_dir / "csv" / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    for name in ["train/loss", "val/acc"]:
+        assert [int(row["epoch"]) for row in rows if row[name]] == list(range(EPOCHS)), name
+    assert len(csv_series(run_dir, "test/acc")) == 1
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_mlflow_without_a_tracking_uri_is_one_line_naming_the_key(
+    compose_config, caplog, monkeypatch
+) -> None:
+    pytest.importorskip("mlflow", reason='needs the trackers extra (".[trackers]")')
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    cfg = compose_config("logger=mlflow", "logger.mlflow.tracking_uri=null", *FAST)
+    with pytest.raises(SystemExit) as stopped:
+        run(cfg)
+    assert stopped.value.code == 1
+    (line,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert line.startswith("logger.mlflow.tracking_uri is null and MLFLOW_TRACKING_URI is not set")
+    assert "\n" not in line
+
+
+def test_a_tracker_that_fails_before_training_is_one_line_naming_it(compose_config, caplog) -> None:
+    cfg = compose_config(
+        "logger=[csv]", *FAST, "+logger.broken._target_=test_loggers.BrokenTracker",
+        "+logger.broken.fail_at=1",
+    )  # fmt: skip
+    with pytest.raises(SystemExit) as stopped:
+        run(cfg)
+    assert stopped.value.code == 1
+    (line,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert line.startswith("logger.broken failed before training: ConnectionError: unreachable.")
+    assert "\n" not in line
+    assert not (Path(cfg.paths.output_dir) / "checkpoints").exists()  # before any work

@@ -181,6 +181,73 @@ def test_an_unwritable_cache_dir_is_refused(prepared: Path, tmp_path: Path) -> N
         streaming(prepared, cache_dir=str(tmp_path / "cache" / "chunks")).setup("fit")
 
 
+def largest_chunk(split: Path) -> Path:
+    """The chunk file that holds most of a split (prepare's workers write one each)."""
+    return max(split.glob("chunk-*.bin"), key=lambda chunk: chunk.stat().st_size)
+
+
+def damage(chunk: Path, how: str) -> None:
+    if how == "deleted":
+        chunk.unlink()
+    else:
+        chunk.write_bytes(chunk.read_bytes()[: chunk.stat().st_size // 2])
+
+
+def one_line_naming(error: BaseException, path: Path) -> str:
+    message = str(error)
+    assert "\n" not in message
+    assert str(path) in message and "python -m kindling.prepare" in message
+    return message
+
+
+@pytest.mark.parametrize("how", ["deleted", "cut to half"])
+@pytest.mark.parametrize("split", ["train", "test"])
+def test_a_damaged_chunk_is_named_before_training(
+    prepared: Path, tmp_path: Path, split: str, how: str
+) -> None:
+    copy = copy_of(prepared, tmp_path)
+    chunk = largest_chunk(copy / split)
+    damage(chunk, how)
+    with pytest.raises(UserError) as refused:
+        streaming(copy).setup("fit")
+    assert ("is missing" if how == "deleted" else "is cut short") in one_line_naming(
+        refused.value, chunk
+    )
+
+
+def test_a_damaged_index_is_named_before_training(prepared: Path, tmp_path: Path) -> None:
+    copy = copy_of(prepared, tmp_path)
+    index = copy / "val" / "index.json"
+    index.write_text(index.read_text()[:40])
+    with pytest.raises(UserError) as refused:
+        streaming(copy).setup("fit")
+    one_line_naming(refused.value, index)
+
+
+class DeleteChunk(Callback):
+    """Deletes a chunk once training starts, after setup checked the copy: as a copy on object
+    storage, which setup cannot check, fails."""
+
+    def __init__(self, chunk: str) -> None:
+        self.chunk = Path(chunk)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.chunk.unlink()
+
+
+def test_a_chunk_lost_while_training_is_named_in_one_line(
+    prepared: Path, compose_config, tmp_path: Path, caplog
+) -> None:
+    copy = copy_of(prepared, tmp_path)
+    chunk = largest_chunk(copy / "train")
+    delete = {"_target_": "test_streaming.DeleteChunk", "chunk": str(chunk)}
+    with pytest.raises(SystemExit) as stopped:  # read in a DataLoader worker
+        train_streaming(compose_config, copy, tmp_path / "run", "data.num_workers=1", delete=delete)
+    assert stopped.value.code == 1
+    (line,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert "could not be read" in one_line_naming(Exception(line), chunk)
+
+
 @pytest.fixture
 def no_aws(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> pytest.MonkeyPatch:
     """No credentials anywhere, no instance metadata service, nothing from ~/.aws."""

@@ -27,11 +27,12 @@ from kindling.callbacks import CheckpointOnInterrupt, ConfigInCheckpoint
 from kindling.checkpoints import is_url
 from kindling.config import checks, resolvers  # noqa: F401 - importing registers the resolvers
 from kindling.config.config_tree import print_config_tree
-from kindling.config.errors import UserError, find_user_error
+from kindling.config.errors import UserError, find_user_error, message
 from kindling.config.instantiate import build, check_arguments, instantiate_group
 from kindling.data.loaders import per_device_batch_size
 from kindling.hardware import best_precision
 from kindling.known_warnings import ignore_unhelpful_warnings
+from kindling.loggers import trackers
 from kindling.run import folder_lock, hydra_ddp, job_record, provenance, resumed
 
 log = logging.getLogger(__name__)
@@ -59,7 +60,7 @@ def run(cfg: DictConfig) -> float | None:
         if user_error is None or os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
         if rank_zero_only.rank == 0 or not user_error.raised_on_every_rank:
-            log.error("%s", user_error)
+            log.error("%s", message(user_error))
         if _in_multirun():
             raise
         sys.exit(1)
@@ -89,9 +90,11 @@ def train_and_test(cfg: DictConfig) -> float | None:
 
     rank_zero_info(f"Run folder: {cfg.paths.output_dir}")
     config = OmegaConf.to_container(cfg, resolve=True)
-    for logger in trainer.loggers:  # Lightning calls loggers on rank 0 only
-        logger.log_hyperparams({**config, "provenance": provenance.summary(run_provenance)})
-    provenance.tag(run_provenance, trainer.loggers)
+    for key, logger in trackers.named(cfg.get("logger"), trainer.loggers):
+        with trackers.starting(key):  # Lightning calls loggers on rank 0 only
+            logger.log_hyperparams({**config, "provenance": provenance.summary(run_provenance)})
+            provenance.tag(run_provenance, [logger])
+        trackers.tolerate_failures(logger)
 
     if cfg.get("train"):
         trainer.fit(model=model, datamodule=datamodule, ckpt_path=checkpoint)
@@ -170,6 +173,7 @@ def _check(cfg: DictConfig) -> str | None:
         check_arguments(cfg.get(group), group)
     checks.check_accelerator(cfg.trainer)
     checks.check_launched_processes(cfg.trainer)
+    trackers.check_tracking_uri(cfg.get("logger"))
     if "batch_size" in cfg.data:
         per_device_batch_size(cfg.data.batch_size, checks.requested_world_size(cfg.trainer))
     runs_dir = Path(cfg.paths.log_dir) / cfg.task_name / "runs"

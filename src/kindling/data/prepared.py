@@ -110,6 +110,39 @@ def check_metadata(metadata: dict[str, Any], input_dir: str) -> None:
         )
 
 
+def check_chunks(input_dir: str) -> None:
+    """Every chunk file that each split's LitData `index.json` names is there, with at least the
+    bytes it records: LitData would wait for a deleted or cut-short chunk mid-epoch, then stop
+    with a timeout that blames a download. A copy on object storage is checked as it is read."""
+    if is_remote(input_dir):
+        return
+    for split in SPLITS:
+        folder = Path(input_dir) / split
+        index = folder / "index.json"
+        try:
+            chunks = json.loads(index.read_text())["chunks"]
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            raise UserError(damaged(index, "cannot be read", input_dir)) from error
+        for chunk in chunks:
+            path, recorded = folder / chunk["filename"], chunk.get("chunk_bytes")
+            if not path.is_file():
+                raise UserError(damaged(path, "is missing", input_dir))
+            size = path.stat().st_size
+            if recorded is not None and size < recorded:
+                raise UserError(
+                    damaged(path, f"is cut short ({size} of its {recorded} bytes)", input_dir)
+                )
+
+
+def damaged(path: Path | str, what: str, input_dir: str) -> str:
+    """The one line for a damaged file of the prepared copy at `input_dir`."""
+    return (
+        f"{path} {what}: the prepared copy data.input_dir={input_dir} is damaged. Prepare it "
+        "again into an empty folder: python -m kindling.prepare data=<data config> "
+        "output=<empty folder>"
+    )
+
+
 def _read_s3(url: str, storage_options: dict[str, Any]) -> str:
     """The object at `url`, with short timeouts and a message that says what went wrong."""
     import boto3  # LitData's S3 client; only s3:// needs it

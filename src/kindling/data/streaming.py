@@ -10,16 +10,39 @@ from typing import Any
 import torch
 from lightning.pytorch.accelerators import CUDAAccelerator
 from litdata import StreamingDataLoader, StreamingDataset
+from litdata.exceptions import ChunkWaitTimeoutError
 
 from kindling.config.errors import UserError
 from kindling.data.augment import Transform, worker_transform
 from kindling.data.loaders import SplitDataModule, per_device_batch_size
 from kindling.data.normalize import to_model_input
-from kindling.data.prepared import SEQUENCES, kind, read_metadata, split_location
+from kindling.data.prepared import (
+    SEQUENCES,
+    check_chunks,
+    damaged,
+    kind,
+    read_metadata,
+    split_location,
+)
 from kindling.data.sequence_table import TABLE_READING
 from kindling.data.sequences import Sequences, standardised
 
 log = logging.getLogger(__name__)
+
+
+def read_sample(dataset: StreamingDataset, index: Any) -> dict[str, Any]:
+    """LitData's sample; a chunk it waited for in vain (gone, cut short, or never downloaded)
+    named in one line, not as LitData's timeout, which blames a hung download."""
+    try:
+        return StreamingDataset.__getitem__(dataset, index)
+    except ChunkWaitTimeoutError as error:
+        split = dataset.input_dir.url or dataset.input_dir.path
+        chunk = f"{split}/{Path(error.path).name}"
+        what = (
+            f"could not be read in {error.waited_s:.0f} s (missing or cut short; on object "
+            "storage, its download may have failed)"
+        )
+        raise UserError(damaged(chunk, what, split.rsplit("/", 1)[0])) from error
 
 
 class StreamingImages(StreamingDataset):
@@ -37,7 +60,7 @@ class StreamingImages(StreamingDataset):
         self.augment_seed = augment_seed
 
     def __getitem__(self, index: Any) -> tuple[torch.Tensor, int]:
-        sample = super().__getitem__(index)
+        sample = read_sample(self, index)
         image = sample["image"]
         if self.augment is not None:
             seed = hash((self.augment_seed, self.current_epoch, sample["index"])) % 2**63
@@ -61,7 +84,7 @@ class StreamingSequences(StreamingDataset):
         self.mean, self.std = mean, std
 
     def __getitem__(self, index: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        sample = super().__getitem__(index)
+        sample = read_sample(self, index)
         steps = standardised(sample["steps"], self.mean, self.std)
         return steps, torch.tensor(sample["label"])
 
@@ -138,6 +161,7 @@ class StreamingDataModule(SplitDataModule):
         storage = dict(hp.storage_options or {})
         metadata = read_metadata(hp.input_dir, storage)
         self._check(metadata)
+        check_chunks(hp.input_dir)
         if self.classes is not None and self.classes != metadata["classes"]:
             raise UserError(
                 f"data.input_dir={hp.input_dir} has the classes {', '.join(metadata['classes'])}, "

@@ -1,0 +1,107 @@
+"""Trackers (MLflow, W&B, TensorBoard, any Lightning Logger) record a run; they do not carry it.
+
+A tracker that fails before training is misconfigured: the run stops in one line naming it,
+before any work. One that fails during the run (its store removed, its server unreachable) is
+warned about in one line and left out from then on, while training, the checkpoints and the CSV
+history go on. The CSV logger is the run's own history, not a tracker: its failure stops the run.
+"""
+
+import functools
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from lightning.pytorch.loggers import CSVLogger, Logger
+from lightning.pytorch.utilities import rank_zero_warn
+from omegaconf import DictConfig
+
+from kindling.config.errors import UserError
+
+# The Logger methods through which Lightning and kindling write to a tracker.
+WRITES = (
+    "log_hyperparams",
+    "log_metrics",
+    "log_graph",
+    "save",
+    "finalize",
+    "after_save_checkpoint",
+)
+
+
+def check_tracking_uri(loggers: DictConfig | None) -> None:
+    """MLflow with neither a tracking URI nor a folder falls back to a store MLflow 3 refuses."""
+    for name, entry in (loggers or {}).items():
+        if (
+            entry is not None
+            and str(entry.get("_target_", "")).endswith("MLFlowLogger")
+            and entry.get("tracking_uri") is None
+            and entry.get("save_dir") is None
+            and not os.environ.get("MLFLOW_TRACKING_URI")
+        ):
+            raise UserError(
+                f"logger.{name}.tracking_uri is null and MLFLOW_TRACKING_URI is not set: set one, "
+                f"e.g. logger.{name}.tracking_uri=http://<host>:5000 (a server) or "
+                f"sqlite:///logs/mlflow.db (a file)."
+            )
+
+
+def named(loggers: DictConfig | None, built: list[Logger]) -> Iterator[tuple[str, Logger]]:
+    """`(config key, logger)` of each logger the Trainer holds, in the config's order."""
+    keys = [f"logger.{name}" for name, entry in (loggers or {}).items() if entry is not None]
+    if len(keys) != len(built):  # fast_dev_run: Lightning holds one DummyLogger instead
+        keys = ["logger"] * len(built)
+    return zip(keys, built, strict=True)
+
+
+@contextmanager
+def starting(key: str) -> Iterator[None]:
+    """A logger's writes before training: a failure stops the run in one line naming `key`."""
+    try:
+        yield
+    except UserError:
+        raise
+    except Exception as error:
+        cause = first_line(error).rstrip(".")
+        raise UserError(
+            f"{key} failed before training: {cause}. Fix its settings under {key}, or train "
+            f"without it: {key}=null."
+        ) from error
+
+
+def tolerate_failures(logger: Logger) -> None:
+    """From now on, the first failure of any of `logger`'s writes is warned about in one line and
+    the logger does nothing more; the CSV logger is left as it is."""
+    if isinstance(logger, CSVLogger):
+        return
+    failed: list[Exception] = []
+
+    def guarded(write: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(write)
+        def write_unless_failed(*args: Any, **kwargs: Any) -> Any:
+            if failed:
+                return None
+            try:
+                return write(*args, **kwargs)
+            except Exception as error:
+                failed.append(error)
+                rank_zero_warn(
+                    f"{type(logger).__name__} failed and is left out for the rest of the run "
+                    f"(training, checkpoints and metrics.csv go on): {first_line(error)}"
+                )
+                return None
+
+        return write_unless_failed
+
+    # On the instance: the logger keeps its class, which Lightning and kindling look for.
+    for name in WRITES:
+        setattr(logger, name, guarded(getattr(logger, name)))
+
+
+def first_line(error: BaseException) -> str:
+    """The first line of the error at the root of `error`: a library's wrapper (MLflow's around
+    SQLAlchemy's around sqlite3's) often begins with its own words, not the cause."""
+    while error.__cause__ or error.__context__:
+        error = error.__cause__ or error.__context__
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
