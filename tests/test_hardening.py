@@ -2,8 +2,11 @@
 
 import os
 import signal
+import subprocess
 import textwrap
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -17,6 +20,8 @@ TWO_CPUS = ["trainer.accelerator=cpu", "trainer.devices=2"]
 # A net that breaks on one rank alone: imported by `train.py` from tmp_path, not shipped.
 NAN_ON_RANK_ONE = """
 import os
+import subprocess
+import time
 
 import torch
 
@@ -60,6 +65,8 @@ def test_a_nan_on_one_rank_stops_every_rank_with_the_divergence_message(tmp_path
 # counts the step: where a real Ctrl-C can land.
 CTRL_C_IN_OPTIMIZER_STEP = """
 import os
+import subprocess
+import time
 import signal
 
 import torch
@@ -116,15 +123,15 @@ def test_ctrl_c_inside_an_optimizer_step_saves_the_whole_step(tmp_path: Path) ->
 
 
 def test_first_ctrl_c_waits_for_the_step_end_and_a_second_stops_at_once() -> None:
-    """The first Ctrl-C becomes Lightning's SIGTERM request; the second raises at once."""
-    sigterms: list[int] = []
-    before = signal.signal(signal.SIGTERM, lambda signum, frame: sigterms.append(signum))
+    """The first Ctrl-C asks every rank to stop at the step's end; the second raises at once."""
+    trainer = SimpleNamespace(strategy=SimpleNamespace(launcher=None))
+    before = signal.signal(signal.SIGTERM, lambda signum, frame: None)  # Lightning's, in a stage
     before_ctrl_c = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         callback = CheckpointOnInterrupt()
-        callback.on_train_start(None, None)
+        callback.on_train_start(trainer, None)
         os.kill(os.getpid(), signal.SIGINT)
-        assert sigterms == [signal.SIGTERM] and callback.stopped_by == signal.SIGINT
+        assert callback.stopped_by == signal.SIGINT
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGINT)
     finally:
@@ -306,3 +313,134 @@ def test_evaluation_shards_hold_every_sample_once(compose_config, on_device: boo
         datamodule.data_test.tensors = (torch.arange(359), torch.arange(359))
         served += [labels for _, labels in datamodule.test_dataloader()]
     assert torch.equal(torch.cat(served).sort().values, torch.arange(359))
+
+
+# Sends a signal at a chosen moment of a run of several processes: imported by `train.py` from
+# tmp_path, not shipped. Each rank signals itself, as a cluster signals every task.
+SIGNAL_AT = """
+import functools
+import os
+import subprocess
+import time
+import signal
+import threading
+import time
+from pathlib import Path
+
+import lightning as L
+
+
+class SignalAt(L.Callback):
+    def __init__(self, pid_dir, hook=None, step=0, ranks=(0, 1), sig="SIGTERM", delay=0.0,
+                 stall_rank=None, stall_s=0.0):
+        self.pid_dir, self.step, self.ranks, self.sig = pid_dir, step, ranks, sig
+        self.delay, self.stall_rank, self.stall_s, self.fired = delay, stall_rank, stall_s, False
+        if hook:
+            setattr(self, hook, self.fire)
+
+    def setup(self, trainer, module, stage):
+        Path(self.pid_dir, str(trainer.global_rank)).write_text(str(os.getpid()))
+
+    def fire(self, trainer, *args):
+        if self.fired or trainer.sanity_checking or trainer.global_step != self.step:
+            return
+        self.fired = True
+        if trainer.global_rank in self.ranks:
+            kill = functools.partial(os.kill, os.getpid(), getattr(signal, self.sig))
+            threading.Timer(self.delay, kill).start() if self.delay else kill()
+        if trainer.global_rank == self.stall_rank:
+            time.sleep(self.stall_s)
+"""
+
+# 2 processes, 5 steps an epoch: epoch 1 is steps 5 to 9, after the first epoch's checkpoint.
+STORM = {
+    "every rank, inside an optimizer step": ("hook=on_before_optimizer_step", "step=6"),
+    # Rank 0 waits at the step's end while rank 1 waits for it in the next step's broadcast of
+    # the SIGTERM flag: rank 1's signal lands there.
+    "rank 1 alone, inside the step-boundary broadcast": (
+        "hook=on_train_batch_end", "step=7", "ranks=[1]", "delay=0.5", "stall_rank=0",
+        "stall_s=2",
+    ),
+    "the launching process alone, at an epoch's end": (
+        "hook=on_train_epoch_end", "step=10", "ranks=[0]",
+    ),
+    "every rank, in validation": ("hook=on_validation_batch_start", "step=10"),
+    "every rank, while a checkpoint is written": ("hook=on_save_checkpoint", "step=5"),
+    "Ctrl-C on every rank": ("hook=on_train_batch_start", "step=6", "sig=SIGINT"),
+    # Rank 1 never reaches the end of its step: rank 0 waits for it, until the watchdog.
+    "a rank that never reaches the end of its step": (
+        "hook=on_train_batch_start", "step=6", "stall_rank=1", "stall_s=600",
+    ),
+    "every rank, from outside, at a random moment": (),
+}  # fmt: skip
+
+
+def running(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, waiting to be reaped, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+@pytest.mark.slow
+def test_a_signal_at_any_moment_ends_every_rank_of_a_two_process_run(tmp_path: Path) -> None:
+    import random
+
+    (tmp_path / "signal_at.py").write_text(textwrap.dedent(SIGNAL_AT))
+    runs = {}
+    for number, (case, hook_args) in enumerate(STORM.items()):
+        pid_dir = tmp_path / f"pids{number}"
+        pid_dir.mkdir()
+        args = [
+            *TWO_CPUS, "debug=limit", "trainer.max_epochs=4", "test=false", "logger=none",
+            *QUIET, "callbacks.plots=null", "callbacks.device_report=null",
+            "callbacks.checkpoint_on_interrupt.exit_within_s=10", f"hydra.run.dir=run{number}",
+            "+callbacks.signal_at._target_=signal_at.SignalAt",
+            f"+callbacks.signal_at.pid_dir={pid_dir}",
+            *(f"+callbacks.signal_at.{arg}" for arg in hook_args),
+        ]  # fmt: skip
+        process = start_train_py(*args, cwd=tmp_path, module_dir=tmp_path, ctrl_c=True)
+        runs[case] = process, pid_dir, tmp_path / f"run{number}" / "checkpoints"
+    process, pid_dir, checkpoints = runs["every rank, from outside, at a random moment"]
+    deadline = time.monotonic() + 240
+    while not list(checkpoints.glob("epoch_*.ckpt")) and process.poll() is None:
+        time.sleep(0.1)
+    time.sleep(random.uniform(0, 1))
+    for pid_file in pid_dir.iterdir():
+        os.kill(int(pid_file.read_text()), signal.SIGTERM)
+
+    outputs, hung = {}, []
+    for case, (process, _, _) in runs.items():
+        try:
+            outputs[case] = process.communicate(timeout=max(1, deadline - time.monotonic()))[0]
+        except subprocess.TimeoutExpired:
+            hung.append(case)
+    pids = {
+        case: [int(f.read_text()) for f in pid_dir.iterdir()]
+        for case, (_, pid_dir, _) in runs.items()
+    }
+    for pid in [pid for case in pids for pid in pids[case] if running(pid)]:
+        os.kill(pid, signal.SIGKILL)
+    assert not hung, f"still running 240 s after starting: {hung}"
+    for case, (process, _, checkpoints) in runs.items():
+        output = outputs[case][-3000:]
+        assert len(pids[case]) == 2 and not any(map(running, pids[case])), (case, output)
+        if case == "a rank that never reaches the end of its step":
+            assert process.returncode == 143, (case, output)
+            assert "did not stop within 10 s of SIGTERM" in output, (case, output)
+            continue
+        assert process.returncode == (130 if "Ctrl-C" in case else 143), (case, output)
+        assert "Interrupted at epoch" in output, (case, output)
+        checkpoint = torch.load(checkpoints / "last.ckpt", weights_only=True)
+        assert checkpoint["global_step"] > 0, case
+
+    # Resumed, one of them trains to the end.
+    _, _, checkpoints = runs["rank 1 alone, inside the step-boundary broadcast"]
+    resumed = train_py(
+        *TWO_CPUS, "debug=limit", "trainer.max_epochs=4", "test=false", "logger=none",
+        *QUIET, "callbacks.plots=null", "callbacks.device_report=null",
+        f"ckpt_path={checkpoints / 'last.ckpt'}", cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-3000:]
+    assert torch.load(checkpoints / "last.ckpt", weights_only=True)["global_step"] == 20

@@ -25,9 +25,12 @@ nothing.
   none from its caller (an `available_flops` argument collides with its own), so kindling's peak
   goes to the meters in `ThroughputMonitor._throughputs` after `setup`.
   Tested: tests/test_train.py (test_throughput_callback_takes_the_peak_of_a_card_lightning_misses).
-- SIGTERM during validation (`kindling.callbacks.CheckpointOnInterrupt`): the flag the loops stop
-  on, `_SignalConnector.received_sigterm`, is held until validation ends, so a resumed run never
-  skips that epoch's validation. Tested: tests/test_reliability.py.
+- SIGTERM and Ctrl-C (`kindling.callbacks.CheckpointOnInterrupt`): the flag the loops stop on,
+  `_SignalConnector.received_sigterm`, is set by kindling on every rank at once, when the ranks
+  have agreed at a step's end that one was signalled (Lightning's handler broadcasts from inside
+  the signal handler and can deadlock the ranks: Lightning-AI/pytorch-lightning#20806, #20825),
+  and held until validation ends, so a resumed run never skips that epoch's validation.
+  Tested: tests/test_reliability.py, tests/test_hardening.py.
 """
 
 import inspect

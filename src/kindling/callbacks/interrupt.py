@@ -2,7 +2,9 @@
 
 import os
 import signal
+import sys
 import threading
+import time
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -17,46 +19,136 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 class CheckpointOnInterrupt(Callback):
     """On SIGTERM or Ctrl-C during fit, write `last.ckpt` at the end of the current step.
 
-    Lightning stops at the end of the current step on SIGTERM (all ranks together) and calls
-    `on_exception`. While training runs, Ctrl-C is handled the same way: the first one is passed
-    on as SIGTERM, so it never lands inside `optimizer.step` and the checkpoint never holds half a
-    step; a second Ctrl-C stops at once, without a checkpoint. The checkpoint holds the loop
-    state, so `ckpt_path=<it>` resumes mid-epoch. The run exits with 128 + the signal's number
-    (130 for Ctrl-C, 143 for SIGTERM); `saved_path` tells the caller where the checkpoint went.
+    The signal only raises a flag. Every rank then decides together, at the end of each step
+    (and of each epoch and validation), whether any of them was signalled; if one was, all stop
+    there and save together. Lightning's handler broadcasts from inside the signal handler
+    (since Lightning-AI/pytorch-lightning#20825, for #20806), which can land in the middle of
+    another collective and leave the ranks waiting on each other for ever; kindling's takes its
+    place while a stage runs. A signal to the launching process is passed on to its ranks.
+
+    While training runs, the first Ctrl-C is handled as SIGTERM, so it never lands inside
+    `optimizer.step` and the checkpoint never holds half a step; a second Ctrl-C stops at once,
+    without a checkpoint. The checkpoint holds the loop state, so `ckpt_path=<it>` resumes
+    mid-epoch. The run exits with 128 + the signal's number (130 for Ctrl-C, 143 for SIGTERM);
+    `saved_path` tells the caller where the checkpoint went. Outside fit (test, validate) the
+    run stops after the current batch, with no checkpoint.
 
     A signal that arrives during the validation of a fit waits until that validation ends (it is
-    short next to training): Lightning would stop in the middle of it, and a run resumed from
-    there never validates that epoch. So every epoch is validated exactly once, and the run
-    stops at the end of its epoch (or, for validation within an epoch, at the next step).
+    short next to training): a run resumed from the middle of it would never validate that epoch.
+
+    `exit_within_s`: a rank that, once signalled, goes that long without ending a step (another
+    rank never reached the step's end: a stuck loader, a dead peer) prints why and exits with
+    128 + the signal, taking the ranks it started with it, instead of waiting for ever.
     """
 
-    def __init__(self, filename: str = "last.ckpt"):
+    def __init__(self, filename: str = "last.ckpt", exit_within_s: float = 300.0):
         self.filename = filename
+        self.exit_within_s = exit_within_s
         self.saved_path: str | None = None
         self.stopped_by: signal.Signals | None = None
-        self._ctrl_c_before: signal.Handlers | None = None
-        self._held = False  # a SIGTERM held until the validation it came in ends
+        self._trainer: L.Trainer | None = None  # set while this callback's handlers are in place
+        self._ctrl_c_before: Any = None  # the Ctrl-C handler ours replaced
+        self._deadline = 0.0  # of the watchdog, once a signal came
+        self._held = False  # a stop held until the validation it came in ends
+
+    # -- the handlers: they only raise the flag --------------------------------------------
+
+    def _install(self, trainer: L.Trainer) -> None:
+        """Take SIGTERM and Ctrl-C over from Lightning's handler (in place by the stage hooks,
+        and only on platforms that have one). A Ctrl-C that was ignored (a background job)
+        stays ignored."""
+        current = signal.getsignal(signal.SIGTERM)
+        if current == self._on_signal or threading.current_thread() is not threading.main_thread():
+            return
+        if current in (signal.SIG_DFL, None):
+            return
+        self._trainer, self.stopped_by, self._held = trainer, None, False
+        signal.signal(signal.SIGTERM, self._on_signal)
+        if signal.getsignal(signal.SIGINT) != signal.SIG_IGN:
+            self._ctrl_c_before = signal.signal(signal.SIGINT, self._on_signal)
+        # Lightning puts back the handlers of before the stage when the stage ends.
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGINT:
+            self._restore_ctrl_c()  # a second Ctrl-C raises KeyboardInterrupt at once
+            rank_zero_info("Ctrl-C: stopping at the end of this step (Ctrl-C again stops at once).")
+        if self.stopped_by is not None:
+            return
+        self.stopped_by = signal.Signals(signum)
+        self._forward(signal.SIGTERM)
+        self._deadline = time.monotonic() + self.exit_within_s
+        threading.Thread(target=self._watchdog, name="exit-watchdog", daemon=True).start()
+
+    def _forward(self, signum: int) -> None:
+        """Send `signum` to the ranks this process started (Lightning's launcher, if any)."""
+        launcher = self._trainer.strategy.launcher if self._trainer else None
+        if launcher is not None:
+            launcher.kill(signum)
+
+    def _watchdog(self) -> None:
+        while (left := self._deadline - time.monotonic()) > 0:
+            time.sleep(left)
+        rank = self._trainer.global_rank if self._trainer else 0
+        print(
+            f"Rank {rank} did not stop within {self.exit_within_s:g} s of {self.stopped_by.name}: "
+            "another rank never reached the end of its step. Exiting without saving; "
+            "the last checkpoint written is where a resume starts.",
+            file=sys.stderr, flush=True,
+        )  # fmt: skip
+        self._forward(signal.SIGKILL)
+        os._exit(128 + self.stopped_by)
+
+    def _restore_ctrl_c(self) -> None:
+        if self._ctrl_c_before is not None:
+            signal.signal(signal.SIGINT, self._ctrl_c_before)
+            self._ctrl_c_before = None
+
+    # -- where the ranks decide together ----------------------------------------------------
+
+    def _agree(self, trainer: L.Trainer) -> None:
+        """At a moment every rank reaches together: stop them all if any was signalled."""
+        if self._trainer is None:
+            return
+        if self.stopped_by is not None:
+            self._deadline = time.monotonic() + self.exit_within_s  # this rank is moving
+        if trainer.strategy.reduce_boolean_decision(self.stopped_by is not None, all=False):
+            from kindling.internals import set_sigterm_received  # a private part of Lightning
+
+            set_sigterm_received(trainer, True)
+
+    def on_sanity_check_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._install(trainer)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # Lightning's SIGTERM handler is in place by now (and only on platforms that have one).
-        # A Ctrl-C that was ignored (a background job) stays ignored.
-        lightning_handles_sigterm = signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None)
-        ctrl_c_ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
-        main_thread = threading.current_thread() is threading.main_thread()
-        if lightning_handles_sigterm and not ctrl_c_ignored and main_thread:
-            self.stopped_by = None
-            self._ctrl_c_before = signal.signal(signal.SIGINT, self._stop_at_step_end)
+        self._install(trainer)
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._install(trainer)
+
+    def on_test_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._install(trainer)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._restore_ctrl_c()
 
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        self._agree(trainer)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._agree(trainer)
+
     def on_validation_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
-        # Lightning stops after this hook when the flag is up; hold it down until the end.
-        if trainer.state.fn == TrainerFn.FITTING and trainer.received_sigterm:
+        if trainer.state.fn != TrainerFn.FITTING:
+            self._agree(trainer)
+        elif trainer.received_sigterm:
+            # Lightning stops after this hook when the flag is up; hold it down until the end.
             from kindling.internals import set_sigterm_received  # a private part of Lightning
 
             set_sigterm_received(trainer, False)
             self._held = True
+
+    def on_test_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        self._agree(trainer)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._held:
@@ -64,17 +156,8 @@ class CheckpointOnInterrupt(Callback):
 
             set_sigterm_received(trainer, True)
             self._held = False
-
-    def _stop_at_step_end(self, signum: int, frame: FrameType | None) -> None:
-        self._restore_ctrl_c()  # a second Ctrl-C raises KeyboardInterrupt at once
-        self.stopped_by = signal.SIGINT
-        rank_zero_info("Ctrl-C: stopping at the end of this step (Ctrl-C again stops at once).")
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    def _restore_ctrl_c(self) -> None:
-        if self._ctrl_c_before is not None:
-            signal.signal(signal.SIGINT, self._ctrl_c_before)
-            self._ctrl_c_before = None
+        elif trainer.state.fn == TrainerFn.FITTING:
+            self._agree(trainer)
 
     def on_exception(
         self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
@@ -93,6 +176,7 @@ class CheckpointOnInterrupt(Callback):
         folder = str(checkpoint_dir or Path(trainer.default_root_dir) / "checkpoints")
         # Joined as text: Path would turn the `//` of an s3:// or memory:// folder into `/`.
         self.saved_path = f"{folder.rstrip('/')}/{self.filename}"
+        self._deadline = time.monotonic() + self.exit_within_s  # every rank saves together
         trainer.save_checkpoint(self.saved_path)
         rank_zero_info(
             f"Interrupted at epoch {trainer.current_epoch}, step {trainer.global_step}. "
