@@ -215,7 +215,7 @@ class KillAt(Callback):
     previous one; `rewrite`, as it starts rewriting the metrics.csv it resumes; `random`, at a
     random time within `seconds` of the first epoch after a checkpoint."""
 
-    def __init__(self, moment: str, metrics: str, epoch: int = 0, seconds: float = 2.0):
+    def __init__(self, moment: str, metrics: str, epoch: int = 0, seconds: float = 1.0):
         self.moment, self.epoch, self.seconds = moment, epoch, seconds
         metrics, started = Path(metrics), header(Path(metrics))
         real_writerows, real_writeheader = csv.DictWriter.writerows, csv.DictWriter.writeheader
@@ -253,11 +253,11 @@ class KillAt(Callback):
             timer.start()
 '''
 
-# Run by run, the moments that lost rows: each run is killed at one, the next resumes it.
+# Run by run: each run is killed at one moment, the next resumes it from last.ckpt.
 KILLS = [
-    ["moment=new_column"],  # epoch 0's train row written with a new header, not yet appended
-    ["moment=last", "epoch=1"],  # epoch 1's checkpoint saved before its train row is logged
-    ["moment=rewrite"],  # the resumed run rewrote metrics.csv in place: 0 bytes
+    ["moment=new_column"],  # just after epoch 0's train row gave metrics.csv its train/ columns
+    ["moment=last", "epoch=1"],  # between epoch 1's last.ckpt and the Trainer logging its train row
+    ["moment=rewrite"],  # while the resumed run drops the rows after its checkpoint
     ["moment=random"],
     ["moment=random"],
 ]
@@ -269,7 +269,7 @@ def test_sigkill_at_any_moment_loses_no_row(tmp_path: Path) -> None:
     time: every epoch's train and val rows, once, and no other."""
     (tmp_path / "kill_at.py").write_text(KILL_AT)
     metrics = tmp_path / "run" / "csv" / "metrics.csv"
-    epochs = 6
+    epochs = 10  # enough that a random kill lands before the run ends
     args = ["trainer=cpu", "debug=limit", f"trainer.max_epochs={epochs}", "test=false",
             "callbacks.early_stopping=null", "callbacks.plots=null", "hydra.run.dir=run",
             *QUIET]  # fmt: skip
