@@ -30,10 +30,11 @@ silently doing nothing.
   skips that epoch's validation. Tested: tests/test_reliability.py.
 - Every row of an epoch on disk before its checkpoint (`kindling.callbacks.ContinueLoggedMetrics`):
   Lightning saves an epoch's checkpoints in its `on_train_epoch_end` hooks and logs the epoch's
-  train values only after them, in `_FitLoop.on_advance_end`, so a kill between the two lost that
-  row for good. The row is read where Lightning will read it, `_LoggerConnector.metrics["log"]`, at
-  the step `_TrainingEpochLoop._batches_that_stepped` will give it, and written before the
-  checkpoint. Tested: tests/test_resume_record.py.
+  train values only after them, in `_FitLoop.on_advance_end`, so a kill between the two would
+  lose that row for good. The row is read where Lightning will read it,
+  `_LoggerConnector.metrics["log"]`, at the step `_TrainingEpochLoop._batches_that_stepped` will
+  give it, and written before the checkpoint. Tested: tests/test_resume_record.py and
+  tests/test_hardening.py.
 """
 
 import inspect
@@ -161,15 +162,17 @@ def set_available_flops(monitor: ThroughputMonitor, flops: float) -> None:
 
 def check_epoch_end_row(trainer: lightning.Trainer) -> None:
     _require(
-        isinstance(getattr(type(trainer._logger_connector), "metrics", None), property),
+        isinstance(
+            getattr(type(getattr(trainer, "_logger_connector", None)), "metrics", None), property
+        ),
         "_LoggerConnector.metrics, the values the Trainer logs",
     )
     _require(
         isinstance(getattr(trainer.fit_loop.epoch_loop, "_batches_that_stepped", None), int),
         "_TrainingEpochLoop._batches_that_stepped, the step of the rows the Trainer logs",
     )
-    names = getattr(inspect.unwrap(_FitLoop.on_advance_end), "__code__", None)
-    names = names.co_names if names else ()
+    code = getattr(inspect.unwrap(_FitLoop.on_advance_end), "__code__", None)
+    names = list(code.co_names) if code else []
     _require(
         "_call_callback_hooks" in names
         and "update_train_epoch_metrics" in names
