@@ -203,6 +203,23 @@ def break_throughput_meters(monkeypatch) -> None:
     monkeypatch.setattr(ThroughputMonitor, "__init__", renamed)
 
 
+def break_logged_values(monkeypatch) -> None:
+    from lightning.pytorch.trainer.connectors.logger_connector import _LoggerConnector
+
+    monkeypatch.delattr(_LoggerConnector, "metrics")  # a release that reads them otherwise
+
+
+def log_train_values_before_the_epoch_end_hooks(monkeypatch) -> None:
+    from lightning.pytorch.loops.fit_loop import _FitLoop
+    from lightning.pytorch.trainer import call
+
+    def on_advance_end(self) -> None:  # a release that logs the row before the checkpoints
+        self.trainer._logger_connector.update_train_epoch_metrics()
+        call._call_callback_hooks(self.trainer, "on_train_epoch_end")
+
+    monkeypatch.setattr(_FitLoop, "on_advance_end", on_advance_end)
+
+
 BROKEN_INTERNALS = {
     "hydra command gone": (break_hydra_launcher, "_hydra_subprocess_cmd(local_rank)"),
     "hydra command signature": (change_hydra_command_signature, "_hydra_subprocess_cmd"),
@@ -212,6 +229,8 @@ BROKEN_INTERNALS = {
     "fit loop": (break_fit_loop, "_FitLoop._combined_loader"),
     "sigterm flag": (break_sigterm_flag, "_SignalConnector.received_sigterm"),
     "throughput meters": (break_throughput_meters, "ThroughputMonitor._throughputs"),
+    "logged values": (break_logged_values, "_LoggerConnector.metrics"),
+    "epoch end order": (log_train_values_before_the_epoch_end_hooks, "_FitLoop.on_advance_end"),
 }
 
 
@@ -231,6 +250,7 @@ def test_a_patch_whose_lightning_target_changed_stops_with_the_version(monkeypat
         internals.check_training_loader(trainer)
         internals.check_sigterm_flag(trainer)
         internals.check_throughput_meters(ThroughputMonitor(batch_size_fn=len))
+        internals.check_epoch_end_row(trainer)
 
     check_all()  # the installed Lightning passes
     breaks(monkeypatch)

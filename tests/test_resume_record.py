@@ -2,16 +2,18 @@
 
 import csv
 import logging
+import signal
 from pathlib import Path
 
 import pytest
 import torch
 
 from kindling.callbacks.plots import read_history
+from kindling.checkpoints import AtomicCheckpointIO
 from kindling.loggers import ResumableCSVLogger
 from kindling.train import run
 
-from conftest import QUIET, TRAINED_RUN, copy_run
+from conftest import QUIET, TRAINED_RUN, copy_run, train_py
 
 # What a finished run's folder records: a refused resume changes none of it.
 RECORD = ["results.yaml", "csv/metrics.csv", "checkpoints/last.ckpt"]
@@ -115,3 +117,179 @@ def test_resuming_a_finished_run_says_so_and_leaves_its_record(
     )
     assert {name: (run_dir / name).read_bytes() for name in RECORD} == record
     assert not list(run_dir.glob("csv/hparams_resumed_*"))
+
+
+class Killed(BaseException):
+    """What a SIGKILL does to a write: it stops there, and nothing after it runs."""
+
+
+def killed_after_the_header(monkeypatch) -> None:
+    """The next csv.DictWriter stops after its header, before its rows."""
+    real_writeheader = csv.DictWriter.writeheader
+
+    def writeheader(writer: csv.DictWriter) -> None:
+        real_writeheader(writer)
+        raise Killed
+
+    monkeypatch.setattr(csv.DictWriter, "writeheader", writeheader)
+
+
+def test_a_kill_during_a_rewrite_leaves_the_history_whole(tmp_path: Path, monkeypatch) -> None:
+    """Both rewrites of metrics.csv: a resumed run's (dropping the rows after its checkpoint)
+    and a new column's (the header grows). Killed mid-write, the file keeps every row."""
+    first = ResumableCSVLogger(tmp_path, name="csv", version="")
+    write_rows(first, [(0, 5, {"val/loss": 2.0}), (0, 5, {"train/loss": 2.5})])
+    metrics = tmp_path / "csv" / "metrics.csv"
+    before = metrics.read_bytes()
+
+    resumed = ResumableCSVLogger(tmp_path, name="csv", version="")
+    killed_after_the_header(monkeypatch)
+    with pytest.raises(Killed):
+        resumed.continue_after(epoch=0, step=5)
+    assert metrics.read_bytes() == before
+
+    monkeypatch.undo()
+    resumed.continue_after(epoch=0, step=5)
+    resumed.log_metrics({"val/acc": 0.5, "epoch": 1}, step=10)  # a new column
+    killed_after_the_header(monkeypatch)
+    with pytest.raises(Killed):
+        resumed.save()
+    assert metrics.read_bytes() == before
+    monkeypatch.undo()
+    resumed.save()
+    assert epochs_with(read_rows(metrics), "val/acc") == [1]
+    assert epochs_with(read_rows(metrics), "train/loss") == [0]
+
+
+def test_every_checkpoint_follows_the_rows_of_the_epochs_it_covers(
+    compose_config, tmp_path: Path, monkeypatch
+) -> None:
+    """What a SIGKILL right after a checkpoint is written would leave: metrics.csv as it is
+    then. Lightning logs an epoch's train values after its checkpoints are saved."""
+    on_disk: dict[str, list[dict[str, str]]] = {}
+    real_save = AtomicCheckpointIO.save_checkpoint
+
+    def save_checkpoint(io, checkpoint, path, storage_options=None) -> None:
+        real_save(io, checkpoint, path, storage_options)
+        on_disk[f"{Path(path).name}, epoch {checkpoint['epoch']}"] = read_rows(
+            tmp_path / "run" / "csv" / "metrics.csv"
+        )
+
+    monkeypatch.setattr(AtomicCheckpointIO, "save_checkpoint", save_checkpoint)
+    run(compose_config("trainer=cpu", "debug=limit", "test=false", *QUIET))
+    # An epoch's checkpoints are saved at its end, when Lightning still counts it as the current
+    # epoch; the last.ckpt saved when training ends counts the 3 epochs completed.
+    assert list(on_disk) == [
+        *[
+            f"{name}, epoch {epoch}"
+            for epoch in range(3)
+            for name in (f"epoch_00{epoch}.ckpt", "last.ckpt")
+        ],
+        "last.ckpt, epoch 3",
+    ]
+    for name, rows in on_disk.items():
+        covered = list(range(min(int(name.split()[-1]) + 1, 3)))
+        assert epochs_with(rows, "train/loss") == covered, name
+        assert epochs_with(rows, "val/loss") == covered, name
+
+
+# Imported by the runs the test below kills (their PYTHONPATH has the test's folder).
+KILL_AT = '''
+import csv, os, random, signal, threading
+from pathlib import Path
+
+from lightning.pytorch.callbacks import Callback
+
+
+def die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def header(path: Path) -> str:
+    return path.read_text().partition("\\n")[0] if path.is_file() else ""
+
+
+class KillAt(Callback):
+    """SIGKILL this run at one moment: `new_column`, at its first write to metrics.csv after
+    `train/acc` entered the header; `last`, right after last.ckpt of epoch `epoch` replaced the
+    previous one; `rewrite`, as it starts rewriting the metrics.csv it resumes; `random`, at a
+    random time within `seconds` of the first epoch after a checkpoint."""
+
+    def __init__(self, moment: str, metrics: str, epoch: int = 0, seconds: float = 1.0):
+        self.moment, self.epoch, self.seconds = moment, epoch, seconds
+        metrics, started = Path(metrics), header(Path(metrics))
+        real_writerows, real_writeheader = csv.DictWriter.writerows, csv.DictWriter.writeheader
+
+        def writerows(writer, rows):
+            new_column = "train/acc" not in started and "train/acc" in header(metrics)
+            if moment == "new_column" and new_column:
+                die()
+            return real_writerows(writer, rows)
+
+        def writeheader(writer):
+            if moment == "rewrite" and started:
+                die()
+            return real_writeheader(writer)
+
+        csv.DictWriter.writerows, csv.DictWriter.writeheader = writerows, writeheader
+
+    def setup(self, trainer, pl_module, stage):
+        io = trainer.strategy.checkpoint_io
+        real_save = io.save_checkpoint
+
+        def save_checkpoint(checkpoint, path, storage_options=None):
+            real_save(checkpoint, path, storage_options)
+            last = Path(path).name == "last.ckpt" and checkpoint["epoch"] == self.epoch
+            if self.moment == "last" and last:
+                die()
+
+        io.save_checkpoint = save_checkpoint
+
+    def on_train_epoch_start(self, trainer, pl_module):
+        if self.moment == "random" and trainer.current_epoch > 0:
+            self.moment = "started"
+            timer = threading.Timer(random.uniform(0, self.seconds), die)
+            timer.daemon = True  # a run that ends first exits
+            timer.start()
+'''
+
+# Run by run: each run is killed at one moment, the next resumes it from last.ckpt.
+KILLS = [
+    ["moment=new_column"],  # just after epoch 0's train row gave metrics.csv its train/ columns
+    ["moment=last", "epoch=1"],  # between epoch 1's last.ckpt and the Trainer logging its train row
+    ["moment=rewrite"],  # while the resumed run drops the rows after its checkpoint
+    ["moment=random"],
+    ["moment=random"],
+]
+
+
+@pytest.mark.slow
+def test_sigkill_at_any_moment_loses_no_row(tmp_path: Path) -> None:
+    """Killed at the moments that lost rows and at random, and resumed from last.ckpt each
+    time: every epoch's train and val rows, once, and no other."""
+    (tmp_path / "kill_at.py").write_text(KILL_AT)
+    metrics = tmp_path / "run" / "csv" / "metrics.csv"
+    epochs = 10  # enough that a random kill lands before the run ends
+    args = ["trainer=cpu", "debug=limit", f"trainer.max_epochs={epochs}", "test=false",
+            "callbacks.early_stopping=null", "callbacks.plots=null", "hydra.run.dir=run",
+            *QUIET]  # fmt: skip
+    resume: list[str] = []
+    for kill in KILLS:
+        killer = ["+callbacks.kill._target_=kill_at.KillAt", f"+callbacks.kill.metrics={metrics}"]
+        killed = train_py(*args, *resume, *killer, *[f"+callbacks.kill.{k}" for k in kill],
+                          cwd=tmp_path, module_dir=tmp_path)  # fmt: skip
+        output = (killed.stdout + killed.stderr)[-3000:]
+        if killed.returncode == 0 and kill == ["moment=random"]:
+            break  # the run finished first
+        assert killed.returncode == -signal.SIGKILL, (kill, output)
+        resume = [f"ckpt_path={tmp_path / 'run' / 'checkpoints' / 'last.ckpt'}"]
+    else:
+        finished = train_py(*args, *resume, cwd=tmp_path)
+        assert finished.returncode == 0, (finished.stdout + finished.stderr)[-3000:]
+
+    rows = read_rows(metrics)
+    for name in ("train/loss", "train/acc", "val/loss", "val/acc"):
+        assert epochs_with(rows, name) == list(range(epochs)), name
+    # Nothing else: each epoch's train and val rows and its learning rate, once.
+    assert len(rows) == 3 * epochs, rows
+    assert len({row["step"] for row in rows if row["lr-AdamW"]}) == epochs

@@ -1,9 +1,9 @@
 """The private parts of Lightning kindling relies on, for correctness no public API gives.
 
 This module is imported, and each part checked, when the feature that needs it runs (a default
-run imports none of it): a Lightning release that changed a part stops that feature with one
-line naming the release and the versions kindling was tested with, instead of silently doing
-nothing.
+run imports it for its CSV history only): a Lightning release that changed a part stops that
+feature with one line naming the release and the versions kindling was tested with, instead of
+silently doing nothing.
 
 - DDP under a Hydra multirun (`kindling.run.hydra_ddp`): the command that starts ranks 1..N-1,
   `_hydra_subprocess_cmd(local_rank)` of the Trainer's and Fabric's launchers. Lightning's own
@@ -31,6 +31,13 @@ nothing.
   the signal handler and can deadlock the ranks: Lightning-AI/pytorch-lightning#20806, #20825),
   and held until validation ends, so a resumed run never skips that epoch's validation.
   Tested: tests/test_reliability.py, tests/test_hardening.py.
+- Every row of an epoch on disk before its checkpoint (`kindling.callbacks.ContinueLoggedMetrics`):
+  Lightning saves an epoch's checkpoints in its `on_train_epoch_end` hooks and logs the epoch's
+  train values only after them, in `_FitLoop.on_advance_end`, so a kill between the two would
+  lose that row for good. The row is read where Lightning will read it,
+  `_LoggerConnector.metrics["log"]`, at the step `_TrainingEpochLoop._batches_that_stepped` will
+  give it, and written before the checkpoint. Tested: tests/test_resume_record.py and
+  tests/test_hardening.py.
 """
 
 import inspect
@@ -39,9 +46,11 @@ from collections.abc import Callable, Sequence
 import lightning
 from lightning.fabric.strategies.launchers import subprocess_script as fabric_launcher
 from lightning.fabric.utilities import data as fabric_data
+from lightning.fabric.utilities.apply_func import convert_tensors_to_scalars
 from lightning.fabric.utilities.throughput import Throughput
 from lightning.fabric.utilities.types import _Stateful
 from lightning.pytorch.callbacks import ThroughputMonitor
+from lightning.pytorch.loops.fit_loop import _FitLoop
 from lightning.pytorch.strategies.launchers import subprocess_script as pytorch_launcher
 from lightning.pytorch.utilities.combined_loader import CombinedLoader
 
@@ -152,3 +161,39 @@ def set_available_flops(monitor: ThroughputMonitor, flops: float) -> None:
     monitor.available_flops = flops
     for meter in monitor._throughputs.values():
         meter.available_flops = flops
+
+
+def check_epoch_end_row(trainer: lightning.Trainer) -> None:
+    _require(
+        isinstance(
+            getattr(type(getattr(trainer, "_logger_connector", None)), "metrics", None), property
+        ),
+        "_LoggerConnector.metrics, the values the Trainer logs",
+    )
+    _require(
+        isinstance(getattr(trainer.fit_loop.epoch_loop, "_batches_that_stepped", None), int),
+        "_TrainingEpochLoop._batches_that_stepped, the step of the rows the Trainer logs",
+    )
+    code = getattr(inspect.unwrap(_FitLoop.on_advance_end), "__code__", None)
+    names = list(code.co_names) if code else []
+    _require(
+        "_call_callback_hooks" in names
+        and "update_train_epoch_metrics" in names
+        and names.index("_call_callback_hooks") < names.index("update_train_epoch_metrics"),
+        "_FitLoop.on_advance_end logging the epoch's train values after its epoch-end hooks",
+    )
+
+
+def epoch_end_row(trainer: lightning.Trainer) -> tuple[dict[str, float], int] | None:
+    """The row the Trainer logs when the training epoch ends, and its step, while the epoch's
+    end hooks (where checkpoints are saved) run before it; None at any other moment."""
+    check_epoch_end_row(trainer)
+    progress = trainer.fit_loop.epoch_progress.current
+    if not trainer.training or progress.processed == progress.completed:
+        return None
+    row = convert_tensors_to_scalars(trainer._logger_connector.metrics["log"])
+    if not row:
+        return None  # the Trainer logs nothing
+    # What `_LoggerConnector.log_metrics` adds, and the step it logs at (one less, for the epoch).
+    row.setdefault("epoch", trainer.current_epoch)
+    return row, trainer.fit_loop.epoch_loop._batches_that_stepped - 1
