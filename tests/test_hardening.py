@@ -135,8 +135,32 @@ def test_first_ctrl_c_waits_for_the_step_end_and_a_second_stops_at_once() -> Non
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGINT)
     finally:
+        callback.teardown(trainer, None, "fit")  # its watchdog stands down with the stage
         signal.signal(signal.SIGTERM, before)
         signal.signal(signal.SIGINT, before_ctrl_c)
+
+
+def test_the_watchdog_ends_a_stuck_process_and_stands_down_when_the_stage_ends(
+    monkeypatch,
+) -> None:
+    """A signalled process that never reaches a step's end exits after `exit_within_s`; one
+    whose stage ended (the run stopped as it should, and the process goes on: a multirun's next
+    job, a test) keeps running."""
+    exits: list[int] = []
+    monkeypatch.setattr(os, "_exit", exits.append)
+    trainer = SimpleNamespace(strategy=SimpleNamespace(launcher=None), global_rank=0)
+    before = signal.signal(signal.SIGTERM, lambda signum, frame: None)  # Lightning's, in a stage
+    try:
+        stuck, finished = CheckpointOnInterrupt(exit_within_s=0.3), CheckpointOnInterrupt(0.3)
+        for callback in (stuck, finished):
+            callback.on_train_start(trainer, None)
+            os.kill(os.getpid(), signal.SIGTERM)
+            signal.signal(signal.SIGTERM, lambda signum, frame: None)  # as the next stage has
+        finished.teardown(trainer, None, "fit")
+        time.sleep(1.5)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert exits == [128 + signal.SIGTERM]  # the stuck one's, once
 
 
 def break_hydra_launcher(monkeypatch) -> None:

@@ -48,7 +48,7 @@ class CheckpointOnInterrupt(Callback):
         self.stopped_by: signal.Signals | None = None
         self._trainer: L.Trainer | None = None  # set while this callback's handlers are in place
         self._ctrl_c_before: Any = None  # the Ctrl-C handler ours replaced
-        self._deadline = 0.0  # of the watchdog, once a signal came
+        self._deadline: float | None = None  # of the watchdog, once a signal came
         self._held = False  # a stop held until the validation it came in ends
 
     # -- the handlers: they only raise the flag --------------------------------------------
@@ -86,8 +86,14 @@ class CheckpointOnInterrupt(Callback):
             launcher.kill(signum)
 
     def _watchdog(self) -> None:
-        while (left := self._deadline - time.monotonic()) > 0:
-            time.sleep(left)
+        while True:
+            deadline = self._deadline
+            if deadline is None:  # the stage ended as it should: stand down
+                return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            time.sleep(min(left, 1.0))
         rank = self._trainer.global_rank if self._trainer else 0
         print(
             f"Rank {rank} did not stop within {self.exit_within_s:g} s of {self.stopped_by.name}: "
@@ -109,7 +115,7 @@ class CheckpointOnInterrupt(Callback):
         """At a moment every rank reaches together: stop them all if any was signalled."""
         if self._trainer is None:
             return
-        if self.stopped_by is not None:
+        if self._deadline is not None:
             self._deadline = time.monotonic() + self.exit_within_s  # this rank is moving
         if trainer.strategy.reduce_boolean_decision(self.stopped_by is not None, all=False):
             from kindling.internals import set_sigterm_received  # a private part of Lightning
@@ -130,6 +136,9 @@ class CheckpointOnInterrupt(Callback):
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._restore_ctrl_c()
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._deadline = None  # the stage ended; the process may go on (a multirun's next job)
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
         self._agree(trainer)
@@ -166,11 +175,13 @@ class CheckpointOnInterrupt(Callback):
         # A KeyboardInterrupt here is a second Ctrl-C, or one outside training: it may have
         # landed anywhere, in the middle of an optimizer step too, so nothing is saved.
         if not isinstance(exception, SIGTERMException):
+            self._deadline = None  # the exception ends the run
             return
         # The exit status `kindling.train.run` gives the run: 130 for Ctrl-C, 143 for SIGTERM.
         exception.code = 128 + (self.stopped_by or signal.SIGTERM)
         # Also during the validation inside fit: Lightning stops there too on SIGTERM.
         if trainer.state.fn != TrainerFn.FITTING:
+            self._deadline = None
             return
         checkpoint_dir = getattr(trainer.checkpoint_callback, "dirpath", None)
         folder = str(checkpoint_dir or Path(trainer.default_root_dir) / "checkpoints")
@@ -178,6 +189,7 @@ class CheckpointOnInterrupt(Callback):
         self.saved_path = f"{folder.rstrip('/')}/{self.filename}"
         self._deadline = time.monotonic() + self.exit_within_s  # every rank saves together
         trainer.save_checkpoint(self.saved_path)
+        self._deadline = None  # saved: the run ends as it should
         rank_zero_info(
             f"Interrupted at epoch {trainer.current_epoch}, step {trainer.global_step}. "
             f"Checkpoint: {self.saved_path}\n"
