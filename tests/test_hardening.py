@@ -151,7 +151,7 @@ def test_the_watchdog_ends_a_stuck_process_and_stands_down_when_the_stage_ends(
     trainer = SimpleNamespace(strategy=SimpleNamespace(launcher=None), global_rank=0)
     before = signal.signal(signal.SIGTERM, lambda signum, frame: None)  # Lightning's, in a stage
     try:
-        stuck, finished = CheckpointOnInterrupt(exit_within_s=0.3), CheckpointOnInterrupt(0.3)
+        stuck, finished = (CheckpointOnInterrupt(exit_within_s=0.3) for _ in range(2))
         for callback in (stuck, finished):
             callback.on_train_start(trainer, None)
             os.kill(os.getpid(), signal.SIGTERM)
