@@ -224,7 +224,9 @@ def steps(cpu: bool, work: Path) -> list[Step]:
     tiny = ["trainer=cpu", "debug=limit", "trainer.max_epochs=1"] if cpu else []
     overhead = [PYTHON, str(ROOT / "benchmarks" / "overhead.py"), "--models", "cnn", "transformer"]
     overhead += (
-        ["--epochs", "2", "--repeats", "1", "--samples", "256"] if cpu else ["--repeats", "1"]
+        ["--epochs", "2", "--repeats", "1", "--samples", "128", "--batch-size", "32"]
+        if cpu
+        else ["--repeats", "1"]
     )
     lm = [PYTHON, str(ROOT / "benchmarks" / "lm_throughput.py")]
     lm += (
