@@ -9,7 +9,7 @@ import yaml
 
 from kindling.report import MARKDOWN
 
-from conftest import PYTHON, QUIET, ROOT
+from conftest import PYTHON, QUIET, ROOT, start_train_py
 from slurm_cluster import Cluster
 
 # The smallest runs that train, validate, test and checkpoint, on one CPU each.
@@ -61,3 +61,25 @@ def test_a_multirun_on_slurm_trains_each_job_in_its_folder(
         assert (sweep_dir / job / "checkpoints" / "last.ckpt").is_file()
     report = (sweep_dir / MARKDOWN).read_text()
     assert "| model=cnn | completed" in report and "| model=lstm | completed" in report
+
+
+@pytest.mark.slow
+def test_one_job_of_two_tasks_trains_as_two_processes_do(
+    slurm_cluster: Cluster, tmp_path: Path
+) -> None:
+    """SLURM starts both tasks; Lightning's SLURM environment joins them (gloo) in one folder."""
+    two = ["trainer.devices=2", *SMALL]
+    (tmp_path / "local").mkdir()
+    local = start_train_py(*two, cwd=tmp_path / "local")  # Lightning starts rank 1 itself
+    done = submit(slurm_cluster, *two, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert local.wait(timeout=300) == 0, local.stdout.read()
+    (sweep_dir,) = (tmp_path / "logs" / "debug" / "multiruns").iterdir()
+    assert sorted(p.name for p in sweep_dir.iterdir() if p.is_dir()) == [".submitit", "0"]
+    logs = "".join(p.read_text() for p in (sweep_dir / ".submitit").glob("*/*_log.*"))
+    assert "MEMBER: 2/2" in logs and "Starting with 2 processes" in logs
+    (local_dir,) = (tmp_path / "local" / "logs" / "debug" / "runs").iterdir()
+    on_slurm = yaml.safe_load((sweep_dir / "0" / "results.yaml").read_text())
+    by_hand = yaml.safe_load((local_dir / "results.yaml").read_text())
+    assert on_slurm["test/acc"] == pytest.approx(by_hand["test/acc"], abs=1e-6)
+    assert on_slurm["val/loss"] == pytest.approx(by_hand["val/loss"], abs=1e-6)
