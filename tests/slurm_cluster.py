@@ -95,7 +95,9 @@ def configure(folder: Path) -> Cluster:
     key.write_bytes(os.urandom(1024))
     key.chmod(0o400)
     (folder / "slurm.conf").write_text(slurm_conf(folder, node))
-    return Cluster("debug", {**os.environ, "SLURM_CONF": str(folder / "slurm.conf")})
+    # One thread per task: SLURM gives each one CPU, and task/none does not pin it there.
+    env = {**os.environ, "SLURM_CONF": str(folder / "slurm.conf"), "OMP_NUM_THREADS": "1"}
+    return Cluster("debug", env)
 
 
 def start(cluster: Cluster, folder: Path, daemons: list[subprocess.Popen]) -> None:
