@@ -1,27 +1,49 @@
 """On a SLURM scheduler (`slurm_cluster`: a throwaway one-node cluster, or your own): the tasks
 SLURM starts, and the jobs `hydra/launcher=slurm` submits."""
 
+import csv
+import os
 import subprocess
+import textwrap
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
+import kindling.train
 from kindling.report import MARKDOWN
 
 from conftest import PYTHON, QUIET, ROOT, start_train_py
 from slurm_cluster import Cluster
 
 # The smallest runs that train, validate, test and checkpoint, on one CPU each.
-SMALL = ["trainer.accelerator=cpu", "trainer.max_epochs=2", "debug=limit", *QUIET]
+SMALL = [
+    "trainer.accelerator=cpu",
+    "trainer.max_epochs=2",
+    "debug=limit",
+    "callbacks.plots=null",
+    *QUIET,
+]
+
+
+def start_submit(cluster: Cluster, *args: str, cwd: Path, module_dir: Path | None = None):
+    """`python train.py -m hydra/launcher=slurm <args>` started in `cwd`, as on a login node; with
+    `module_dir`, the jobs can import a class a test wrote there."""
+    env = dict(cluster.env)
+    if module_dir is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(module_dir), env.get("PYTHONPATH")]))
+    return subprocess.Popen(
+        [*PYTHON, str(ROOT / "train.py"), "-m", *cluster.launcher(*args)],
+        cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
 
 
 def submit(cluster: Cluster, *args: str, cwd: Path) -> subprocess.CompletedProcess:
-    """`python train.py -m hydra/launcher=slurm <args>` from `cwd`, as on a login node."""
-    return subprocess.run(
-        [*PYTHON, str(ROOT / "train.py"), "-m", *cluster.launcher(*args)],
-        cwd=cwd, env=cluster.env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    """`start_submit`, waited for."""
+    started = start_submit(cluster, *args, cwd=cwd)
+    stdout, stderr = started.communicate(timeout=300)
+    return subprocess.CompletedProcess(started.args, started.returncode, stdout, stderr)
 
 
 def test_the_cluster_starts_two_tasks_of_one_step(slurm_cluster: Cluster) -> None:
@@ -83,3 +105,59 @@ def test_one_job_of_two_tasks_trains_as_two_processes_do(
     by_hand = yaml.safe_load((local_dir / "results.yaml").read_text())
     assert on_slurm["test/acc"] == pytest.approx(by_hand["test/acc"], abs=1e-6)
     assert on_slurm["val/loss"] == pytest.approx(by_hand["val/loss"], abs=1e-6)
+
+
+WAIT_FOR_SIGNAL = """
+import os, time
+from pathlib import Path
+import lightning as L
+
+class WaitForSignalAt(L.Callback):
+    # In the middle of training step `step` (gradients computed, weights not yet updated), names
+    # the job in <run folder>/at_step and waits for a signal that stops the run there.
+    def __init__(self, step):
+        self.step = step
+
+    def on_before_optimizer_step(self, trainer, *args):
+        if trainer.global_step == self.step:
+            Path(trainer.default_root_dir, "at_step").write_text(os.environ["SLURM_JOB_ID"])
+            deadline = time.monotonic() + 30
+            while not trainer.received_sigterm and time.monotonic() < deadline:
+                time.sleep(0.05)
+"""
+
+
+def epochs_and_last_val_loss(run_dir: Path) -> tuple[list[str], list[str], float]:
+    with open(run_dir / "csv" / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    trained = [r["epoch"] for r in rows if r["train/loss"]]
+    validated = [r["epoch"] for r in rows if r["val/loss"]]
+    return trained, validated, float([r["val/loss"] for r in rows if r["val/loss"]][-1])
+
+
+@pytest.mark.slow
+def test_a_job_warned_by_slurm_requeues_and_ends_as_an_uninterrupted_run(
+    slurm_cluster: Cluster, compose_config, tmp_path: Path
+) -> None:
+    """SIGUSR1 (what SLURM sends before a time limit) in the middle of the second epoch: the job
+    checkpoints at the end of its step, requeues itself, and SLURM's second start resumes there."""
+    exact = ["trainer.deterministic=true", "test=false", *SMALL]
+    (tmp_path / "modules").mkdir()
+    (tmp_path / "modules" / "slurm_signal.py").write_text(textwrap.dedent(WAIT_FOR_SIGNAL))
+    wait = ["+callbacks.wait._target_=slurm_signal.WaitForSignalAt", "+callbacks.wait.step=7"]
+    job = start_submit(slurm_cluster, *exact, *wait, cwd=tmp_path, module_dir=tmp_path / "modules")
+    kindling.train.run(compose_config(*exact))  # the same run, uninterrupted, meanwhile
+    deadline = time.monotonic() + 120
+    while not (at_step := list(tmp_path.glob("logs/debug/multiruns/*/0/at_step"))):
+        assert job.poll() is None and time.monotonic() < deadline, job.communicate()
+        time.sleep(0.2)
+    slurm_cluster.run("scancel", "--signal=USR1", at_step[0].read_text())
+    _, stderr = job.communicate(timeout=300)
+    assert job.returncode == 0, stderr
+    run_dir = at_step[0].parent
+    (script,) = run_dir.parent.glob(".submitit/*/*_submission.sh")
+    assert "#SBATCH --signal=USR1@120" in script.read_text()  # what the time limit sends too
+    assert [p.name for p in run_dir.glob("hpc_ckpt_*.ckpt")] == ["hpc_ckpt_1.ckpt"]
+    trained, validated, val_loss = epochs_and_last_val_loss(run_dir)
+    assert trained == validated == ["0", "1"]  # each epoch once, the interrupted one too
+    assert val_loss == pytest.approx(epochs_and_last_val_loss(tmp_path / "run")[2], abs=1e-6)
