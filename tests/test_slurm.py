@@ -113,14 +113,16 @@ from pathlib import Path
 import lightning as L
 
 class WaitForSignalAt(L.Callback):
-    # In the middle of training step `step` (gradients computed, weights not yet updated), names
-    # the job in <run folder>/at_step and waits for a signal that stops the run there.
-    def __init__(self, step):
-        self.step = step
+    # In the middle of each training step of `steps` (gradients computed, weights not yet
+    # updated), names the job in <run folder>/at_step_<step> and waits for a signal that stops
+    # the run there.
+    def __init__(self, steps):
+        self.steps = steps
 
     def on_before_optimizer_step(self, trainer, *args):
-        if trainer.global_step == self.step:
-            Path(trainer.default_root_dir, "at_step").write_text(os.environ["SLURM_JOB_ID"])
+        if trainer.global_step in self.steps:
+            at_step = Path(trainer.default_root_dir, f"at_step_{trainer.global_step}")
+            at_step.write_text(os.environ["SLURM_JOB_ID"])
             deadline = time.monotonic() + 30
             while not trainer.received_sigterm and time.monotonic() < deadline:
                 time.sleep(0.05)
@@ -139,25 +141,30 @@ def epochs_and_last_val_loss(run_dir: Path) -> tuple[list[str], list[str], float
 def test_a_job_warned_by_slurm_requeues_and_ends_as_an_uninterrupted_run(
     slurm_cluster: Cluster, compose_config, tmp_path: Path
 ) -> None:
-    """SIGUSR1 (what SLURM sends before a time limit) in the middle of the second epoch: the job
-    checkpoints at the end of its step, requeues itself, and SLURM's second start resumes there."""
+    """SIGUSR1 (what SLURM sends before a time limit) in the middle of a step of each epoch: the
+    job checkpoints at the end of that step and requeues itself, twice, and each start of the
+    job resumes where the last stopped."""
     exact = ["trainer.deterministic=true", "test=false", *SMALL]
     (tmp_path / "modules").mkdir()
     (tmp_path / "modules" / "slurm_signal.py").write_text(textwrap.dedent(WAIT_FOR_SIGNAL))
-    wait = ["+callbacks.wait._target_=slurm_signal.WaitForSignalAt", "+callbacks.wait.step=7"]
+    wait = ["+callbacks.wait._target_=slurm_signal.WaitForSignalAt", "+callbacks.wait.steps=[3,7]"]
     job = start_submit(slurm_cluster, *exact, *wait, cwd=tmp_path, module_dir=tmp_path / "modules")
     kindling.train.run(compose_config(*exact))  # the same run, uninterrupted, meanwhile
-    deadline = time.monotonic() + 120
-    while not (at_step := list(tmp_path.glob("logs/debug/multiruns/*/0/at_step"))):
-        assert job.poll() is None and time.monotonic() < deadline, job.communicate()
-        time.sleep(0.2)
-    slurm_cluster.run("scancel", "--signal=USR1", at_step[0].read_text())
+    for step in (3, 7):
+        deadline = time.monotonic() + 120
+        while not (at_step := list(tmp_path.glob(f"logs/debug/multiruns/*/0/at_step_{step}"))):
+            assert job.poll() is None and time.monotonic() < deadline, job.communicate()
+            time.sleep(0.2)
+        slurm_cluster.run("scancel", "--signal=USR1", at_step[0].read_text())
     _, stderr = job.communicate(timeout=300)
     assert job.returncode == 0, stderr
     run_dir = at_step[0].parent
     (script,) = run_dir.parent.glob(".submitit/*/*_submission.sh")
     assert "#SBATCH --signal=USR1@120" in script.read_text()  # what the time limit sends too
-    assert [p.name for p in run_dir.glob("hpc_ckpt_*.ckpt")] == ["hpc_ckpt_1.ckpt"]
+    assert sorted(p.name for p in run_dir.glob("hpc_ckpt_*")) == [
+        "hpc_ckpt_1.ckpt",
+        "hpc_ckpt_2.ckpt",
+    ]
     trained, validated, val_loss = epochs_and_last_val_loss(run_dir)
-    assert trained == validated == ["0", "1"]  # each epoch once, the interrupted one too
+    assert trained == validated == ["0", "1"]  # each epoch once, the interrupted ones too
     assert val_loss == pytest.approx(epochs_and_last_val_loss(tmp_path / "run")[2], abs=1e-6)
