@@ -27,7 +27,9 @@ SMALL = [
 ]
 
 
-def start_submit(cluster: Cluster, *args: str, cwd: Path, module_dir: Path | None = None):
+def start_submit(
+    cluster: Cluster, *args: str, cwd: Path, module_dir: Path | None = None
+) -> subprocess.Popen:
     """`python train.py -m hydra/launcher=slurm <args>` started in `cwd`, as on a login node; with
     `module_dir`, the jobs can import a class a test wrote there."""
     env = dict(cluster.env)
