@@ -16,6 +16,8 @@ Fixtures:
   follows training (prediction, export).
 - `serve_folder(folder)`: an HTTP server for `folder` on 127.0.0.1 (a free port), stopped at
   teardown; returns its address and the paths asked of it.
+- `slurm_cluster`: a one-node SLURM cluster started for the session (`tests/slurm_cluster.py`),
+  or your own with KINDLING_SLURM_PARTITION; `.launcher(*overrides)` submits `train.py -m` there.
 
 Helpers: `train_py(*args, cwd=...)` runs `python train.py` as a user does, for what is about the
 process itself (exit codes, signals, console output, several processes), and
@@ -54,6 +56,8 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
 import kindling.train  # also registers the resolvers the configs use
+
+from slurm_cluster import slurm_cluster  # noqa: F401 - a fixture
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = ROOT / "configs"

@@ -104,6 +104,13 @@ def slurm_launcher(*overrides: str) -> DictConfig:
     return cfg.hydra.launcher
 
 
+def test_the_slurm_launcher_asks_for_gpus_only_to_train_on_gpus() -> None:
+    """A CPU partition has no GPUs to give: sbatch refuses a job that asks for one."""
+    on_cpus = slurm_launcher("trainer.accelerator=cpu", "trainer.devices=2")
+    assert (on_cpus.tasks_per_node, on_cpus.gpus_per_node) == (2, None)
+    assert slurm_launcher("trainer.devices=2").gpus_per_node == 2  # auto: the GPUs a job has
+
+
 def test_the_slurm_launcher_needs_a_number_of_gpus() -> None:
     """trainer=ddp takes every GPU of the machine it runs on (`devices: auto`); SLURM must be told
     how many to allocate before there is one."""

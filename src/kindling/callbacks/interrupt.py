@@ -1,7 +1,9 @@
-"""Save a resumable checkpoint when a run is stopped by SIGTERM (clusters) or Ctrl-C."""
+"""Save a resumable checkpoint when a run is stopped by SIGTERM (clusters) or Ctrl-C, and
+requeue a SLURM job that SLURM warns with SIGUSR1 (time limit, preemption)."""
 
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -11,8 +13,9 @@ from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 
@@ -36,6 +39,12 @@ class CheckpointOnInterrupt(Callback):
     A signal that arrives during the validation of a fit waits until that validation ends (it is
     short next to training): a run resumed from the middle of it would never validate that epoch.
 
+    In a SLURM job, SIGUSR1 (`--signal=USR1@<seconds>` before the time limit, or `scancel
+    --signal=USR1`) stops the run the same way, then rank 0 requeues the job. The checkpoint is
+    `<run folder>/hpc_ckpt_<n>.ckpt`, which Lightning resumes from when SLURM starts the job
+    again in the same folder. It replaces Lightning's own SIGUSR1 handler, which saves in the
+    middle of whatever step the signal lands in.
+
     `exit_within_s`: a rank that, once signalled, goes that long without ending a step (another
     rank never reached the step's end: a stuck loader, a dead peer) prints why and exits with
     128 + the signal, taking the ranks it started with it, instead of waiting for ever.
@@ -47,7 +56,7 @@ class CheckpointOnInterrupt(Callback):
         self.saved_path: str | None = None
         self.stopped_by: signal.Signals | None = None
         self._trainer: L.Trainer | None = None  # set while this callback's handlers are in place
-        self._ctrl_c_before: Any = None  # the Ctrl-C handler ours replaced
+        self._before: dict[signal.Signals, Any] = {}  # Ctrl-C's and SIGUSR1's handlers, replaced
         self._deadline: float | None = None  # of the watchdog, once a signal came
         self._held = False  # a stop held until the validation it came in ends
 
@@ -55,8 +64,8 @@ class CheckpointOnInterrupt(Callback):
 
     def _install(self, trainer: L.Trainer) -> None:
         """Take SIGTERM and Ctrl-C over from Lightning's handler (in place by the stage hooks,
-        and only on platforms that have one). A Ctrl-C that was ignored (a background job)
-        stays ignored."""
+        and only on platforms that have one), and SIGUSR1 in a SLURM job. A Ctrl-C that was
+        ignored (a background job) stays ignored."""
         current = signal.getsignal(signal.SIGTERM)
         if current == self._on_signal or threading.current_thread() is not threading.main_thread():
             return
@@ -65,13 +74,19 @@ class CheckpointOnInterrupt(Callback):
         self._trainer, self.stopped_by, self._held = trainer, None, False
         signal.signal(signal.SIGTERM, self._on_signal)
         if signal.getsignal(signal.SIGINT) != signal.SIG_IGN:
-            self._ctrl_c_before = signal.signal(signal.SIGINT, self._on_signal)
-        # Lightning puts back the handlers of before the stage when the stage ends.
+            self._before[signal.SIGINT] = signal.signal(signal.SIGINT, self._on_signal)
+        if SLURMEnvironment.detect():
+            self._before[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, self._on_signal)
+        # Lightning puts back its SIGTERM handler's predecessor when the stage ends.
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if signum == signal.SIGINT:
-            self._restore_ctrl_c()  # a second Ctrl-C raises KeyboardInterrupt at once
+            self._restore(signal.SIGINT)  # a second Ctrl-C raises KeyboardInterrupt at once
             rank_zero_info("Ctrl-C: stopping at the end of this step (Ctrl-C again stops at once).")
+        elif signum == signal.SIGUSR1:
+            rank_zero_info(
+                "SIGUSR1 from SLURM: checkpointing at the end of this step, then requeueing."
+            )
         if self.stopped_by is not None:
             return
         self.stopped_by = signal.Signals(signum)
@@ -104,10 +119,11 @@ class CheckpointOnInterrupt(Callback):
         self._forward(signal.SIGKILL)
         os._exit(128 + self.stopped_by)
 
-    def _restore_ctrl_c(self) -> None:
-        if self._ctrl_c_before is not None:
-            signal.signal(signal.SIGINT, self._ctrl_c_before)
-            self._ctrl_c_before = None
+    def _restore(self, *signums: signal.Signals) -> None:
+        """Put back the handlers of `signums` (all this callback replaced, by default)."""
+        for signum in signums or list(self._before):
+            if signum in self._before:
+                signal.signal(signum, self._before.pop(signum))
 
     # -- where the ranks decide together ----------------------------------------------------
 
@@ -135,7 +151,7 @@ class CheckpointOnInterrupt(Callback):
         self._install(trainer)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._restore_ctrl_c()
+        self._restore()
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._deadline = None  # the stage ended; the process may go on (a multirun's next job)
@@ -171,7 +187,7 @@ class CheckpointOnInterrupt(Callback):
     def on_exception(
         self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
     ) -> None:
-        self._restore_ctrl_c()
+        self._restore()
         # A KeyboardInterrupt here is a second Ctrl-C, or one outside training: it may have
         # landed anywhere, in the middle of an optimizer step too, so nothing is saved.
         if not isinstance(exception, SIGTERMException):
@@ -183,15 +199,44 @@ class CheckpointOnInterrupt(Callback):
         if trainer.state.fn != TrainerFn.FITTING:
             self._deadline = None
             return
+        self._deadline = time.monotonic() + self.exit_within_s  # every rank saves together
+        if self.stopped_by == signal.SIGUSR1:
+            self.saved_path = next_hpc_checkpoint(trainer.default_root_dir)
+            trainer.save_checkpoint(self.saved_path)
+            self._deadline = None
+            if trainer.is_global_zero:
+                requeue(self.saved_path)
+            return
         checkpoint_dir = getattr(trainer.checkpoint_callback, "dirpath", None)
         folder = str(checkpoint_dir or Path(trainer.default_root_dir) / "checkpoints")
         # Joined as text: Path would turn the `//` of an s3:// or memory:// folder into `/`.
         self.saved_path = f"{folder.rstrip('/')}/{self.filename}"
-        self._deadline = time.monotonic() + self.exit_within_s  # every rank saves together
         trainer.save_checkpoint(self.saved_path)
         self._deadline = None  # saved: the run ends as it should
         rank_zero_info(
             f"Interrupted at epoch {trainer.current_epoch}, step {trainer.global_step}. "
             f"Checkpoint: {self.saved_path}\n"
             f"Resume with: python train.py ckpt_path={self.saved_path}"
+        )
+
+
+def next_hpc_checkpoint(run_dir: str | Path) -> str:
+    """`<run_dir>/hpc_ckpt_<n>.ckpt`, n above any there: Lightning resumes a SLURM job from the
+    highest when it starts with no `ckpt_path`."""
+    taken = [int(p.stem.rpartition("_")[2]) for p in Path(run_dir).glob("hpc_ckpt_*.ckpt")]
+    return str(Path(run_dir) / f"hpc_ckpt_{max(taken, default=0) + 1}.ckpt")
+
+
+def requeue(checkpoint: str) -> None:
+    """Put this SLURM job (or array task) back in the queue: SLURM stops it and starts it again."""
+    job = os.environ["SLURM_JOB_ID"]
+    if "SLURM_ARRAY_JOB_ID" in os.environ:
+        job = f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
+    done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
+    if done.returncode == 0:
+        rank_zero_info(f"Requeued SLURM job {job}: it resumes from {checkpoint}.")
+    else:
+        rank_zero_warn(
+            f"Could not requeue SLURM job {job} ({done.stderr.strip()}). Resume it with: "
+            f"python train.py ckpt_path={checkpoint}"
         )

@@ -63,6 +63,12 @@ def device_count(devices: Any) -> int:
     )
 
 
+def gpu_count(accelerator: Any, devices: Any) -> int | None:
+    """The GPUs per node hydra/launcher=slurm asks for: trainer.devices where the trainer trains
+    on GPUs (`auto` takes the GPUs a job has), none (no `--gpus-per-node`) on CPUs."""
+    return device_count(devices) if accelerator in ("gpu", "cuda", "auto") else None
+
+
 # Each run and multirun claims a folder of its own (configs/hydra/default.yaml,
 # kindling/run/run_folder.py); cached, like Hydra's own `now`, so a folder is claimed once.
 OmegaConf.register_new_resolver("run_stamp", run_folder.run_stamp, use_cache=True, replace=True)
@@ -78,8 +84,10 @@ OmegaConf.register_new_resolver("class_count", class_count, replace=True)
 OmegaConf.register_new_resolver("div", lambda a, b: int(a) // int(b), replace=True)
 # data=sequences reads its feature and class counts from the table: `${sequence_table:num_classes}`.
 OmegaConf.register_new_resolver("sequence_table", sequence_table, replace=True)
-# hydra/launcher=slurm asks for `${device_count:${trainer.devices}}` GPUs and tasks per node.
+# hydra/launcher=slurm asks for `${device_count:${trainer.devices}}` tasks per node and
+# `${gpu_count:${trainer.accelerator},${trainer.devices}}` GPUs.
 OmegaConf.register_new_resolver("device_count", device_count, replace=True)
+OmegaConf.register_new_resolver("gpu_count", gpu_count, replace=True)
 # data=image_folder's size and statistics follow a pretrained timm net:
 # `mean: ${pretrained_input:mean,null}`.
 OmegaConf.register_new_resolver("pretrained_input", pretrained_input, replace=True)

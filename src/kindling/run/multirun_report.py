@@ -33,8 +33,8 @@ class MultirunReport(Callback):
         self.report()
 
     def report(self) -> None:
-        if self.sweep_dir is None or not self.sweep_dir.is_dir():
-            return
+        if self.sweep_dir is None or not any(self.sweep_dir.glob("*/.hydra")):
+            return  # no job started (SLURM refused them, say): nothing to report
         from kindling.report import write_report  # matplotlib and the tables: multiruns only
 
         try:

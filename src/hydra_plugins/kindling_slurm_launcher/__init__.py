@@ -1,0 +1,1 @@
+"""kindling's SLURM launcher, as Hydra finds it: `hydra/launcher=slurm` (configs/hydra/launcher)."""

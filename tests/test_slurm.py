@@ -1,0 +1,172 @@
+"""On a SLURM scheduler (`slurm_cluster`: a throwaway one-node cluster, or your own): the tasks
+SLURM starts, and the jobs `hydra/launcher=slurm` submits."""
+
+import csv
+import os
+import subprocess
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+import kindling.train
+from kindling.report import MARKDOWN
+
+from conftest import PYTHON, QUIET, ROOT, start_train_py
+from slurm_cluster import Cluster
+
+# The smallest runs that train, validate, test and checkpoint, on one CPU each.
+SMALL = [
+    "trainer.accelerator=cpu",
+    "trainer.max_epochs=2",
+    "debug=limit",
+    "callbacks.plots=null",
+    *QUIET,
+]
+
+
+def start_submit(
+    cluster: Cluster, *args: str, cwd: Path, module_dir: Path | None = None
+) -> subprocess.Popen:
+    """`python train.py -m hydra/launcher=slurm <args>` started in `cwd`, as on a login node; with
+    `module_dir`, the jobs can import a class a test wrote there."""
+    env = dict(cluster.env)
+    if module_dir is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(module_dir), env.get("PYTHONPATH")]))
+    return subprocess.Popen(
+        [*PYTHON, str(ROOT / "train.py"), "-m", *cluster.launcher(*args)],
+        cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def submit(cluster: Cluster, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """`start_submit`, waited for."""
+    started = start_submit(cluster, *args, cwd=cwd)
+    stdout, stderr = started.communicate(timeout=300)
+    return subprocess.CompletedProcess(started.args, started.returncode, stdout, stderr)
+
+
+def test_the_cluster_starts_two_tasks_of_one_step(slurm_cluster: Cluster) -> None:
+    output = slurm_cluster.run(
+        "srun",
+        f"--partition={slurm_cluster.partition}",
+        "--ntasks=2",
+        "--cpus-per-task=1",
+        "--mem=100M",
+        "printenv",
+        "SLURM_PROCID",
+    )
+    assert sorted(output.split()) == ["0", "1"]
+
+
+@pytest.mark.slow
+def test_a_submission_slurm_refuses_is_one_line(slurm_cluster: Cluster, tmp_path: Path) -> None:
+    """No node has a petabyte of memory: sbatch's refusal, without a traceback."""
+    done = submit(slurm_cluster, *SMALL, "hydra.launcher.mem_gb=1000000", cwd=tmp_path)
+    assert (done.returncode, done.stderr) == (1, "")
+    *submitting, line = done.stdout.strip().splitlines()
+    assert "[HYDRA] SLURM refused the jobs: sbatch: error: " in line
+    assert line.endswith("`sinfo` lists its partitions and resources.")
+    assert all("[HYDRA] " in line for line in submitting)  # the sweep folder and its jobs
+
+
+@pytest.mark.slow
+def test_a_multirun_on_slurm_trains_each_job_in_its_folder(
+    slurm_cluster: Cluster, tmp_path: Path
+) -> None:
+    done = submit(slurm_cluster, "model=cnn,lstm", *SMALL, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    (sweep_dir,) = (tmp_path / "logs" / "debug" / "multiruns").iterdir()
+    for job in ("0", "1"):
+        results = yaml.safe_load((sweep_dir / job / "results.yaml").read_text())
+        assert results["test/acc"] > 0.1  # better than chance on 10 classes
+        assert (sweep_dir / job / "checkpoints" / "last.ckpt").is_file()
+    report = (sweep_dir / MARKDOWN).read_text()
+    assert "| model=cnn | completed" in report and "| model=lstm | completed" in report
+
+
+@pytest.mark.slow
+def test_one_job_of_two_tasks_trains_as_two_processes_do(
+    slurm_cluster: Cluster, tmp_path: Path
+) -> None:
+    """SLURM starts both tasks; Lightning's SLURM environment joins them (gloo) in one folder."""
+    two = ["trainer.devices=2", *SMALL]
+    (tmp_path / "local").mkdir()
+    local = start_train_py(*two, cwd=tmp_path / "local")  # Lightning starts rank 1 itself
+    done = submit(slurm_cluster, *two, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert local.wait(timeout=300) == 0, local.stdout.read()
+    (sweep_dir,) = (tmp_path / "logs" / "debug" / "multiruns").iterdir()
+    assert sorted(p.name for p in sweep_dir.iterdir() if p.is_dir()) == [".submitit", "0"]
+    logs = "".join(p.read_text() for p in (sweep_dir / ".submitit").glob("*/*_log.*"))
+    assert "MEMBER: 2/2" in logs and "Starting with 2 processes" in logs
+    (local_dir,) = (tmp_path / "local" / "logs" / "debug" / "runs").iterdir()
+    on_slurm = yaml.safe_load((sweep_dir / "0" / "results.yaml").read_text())
+    by_hand = yaml.safe_load((local_dir / "results.yaml").read_text())
+    assert on_slurm["test/acc"] == pytest.approx(by_hand["test/acc"], abs=1e-6)
+    assert on_slurm["val/loss"] == pytest.approx(by_hand["val/loss"], abs=1e-6)
+
+
+WAIT_FOR_SIGNAL = """
+import os, time
+from pathlib import Path
+import lightning as L
+
+class WaitForSignalAt(L.Callback):
+    # In the middle of each training step of `steps` (gradients computed, weights not yet
+    # updated), names the job in <run folder>/at_step_<step> and waits for a signal that stops
+    # the run there.
+    def __init__(self, steps):
+        self.steps = steps
+
+    def on_before_optimizer_step(self, trainer, *args):
+        if trainer.global_step in self.steps:
+            at_step = Path(trainer.default_root_dir, f"at_step_{trainer.global_step}")
+            at_step.write_text(os.environ["SLURM_JOB_ID"])
+            deadline = time.monotonic() + 30
+            while not trainer.received_sigterm and time.monotonic() < deadline:
+                time.sleep(0.05)
+"""
+
+
+def epochs_and_last_val_loss(run_dir: Path) -> tuple[list[str], list[str], float]:
+    with open(run_dir / "csv" / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    trained = [r["epoch"] for r in rows if r["train/loss"]]
+    validated = [r["epoch"] for r in rows if r["val/loss"]]
+    return trained, validated, float([r["val/loss"] for r in rows if r["val/loss"]][-1])
+
+
+@pytest.mark.slow
+def test_a_job_warned_by_slurm_requeues_and_ends_as_an_uninterrupted_run(
+    slurm_cluster: Cluster, compose_config, tmp_path: Path
+) -> None:
+    """SIGUSR1 (what SLURM sends before a time limit) in the middle of a step of each epoch: the
+    job checkpoints at the end of that step and requeues itself, twice, and each start of the
+    job resumes where the last stopped."""
+    exact = ["trainer.deterministic=true", "test=false", *SMALL]
+    (tmp_path / "modules").mkdir()
+    (tmp_path / "modules" / "slurm_signal.py").write_text(textwrap.dedent(WAIT_FOR_SIGNAL))
+    wait = ["+callbacks.wait._target_=slurm_signal.WaitForSignalAt", "+callbacks.wait.steps=[3,7]"]
+    job = start_submit(slurm_cluster, *exact, *wait, cwd=tmp_path, module_dir=tmp_path / "modules")
+    kindling.train.run(compose_config(*exact))  # the same run, uninterrupted, meanwhile
+    for step in (3, 7):
+        deadline = time.monotonic() + 120
+        while not (at_step := list(tmp_path.glob(f"logs/debug/multiruns/*/0/at_step_{step}"))):
+            assert job.poll() is None and time.monotonic() < deadline, job.communicate()
+            time.sleep(0.2)
+        slurm_cluster.run("scancel", "--signal=USR1", at_step[0].read_text())
+    _, stderr = job.communicate(timeout=300)
+    assert job.returncode == 0, stderr
+    run_dir = at_step[0].parent
+    (script,) = run_dir.parent.glob(".submitit/*/*_submission.sh")
+    assert "#SBATCH --signal=USR1@120" in script.read_text()  # what the time limit sends too
+    assert sorted(p.name for p in run_dir.glob("hpc_ckpt_*")) == [
+        "hpc_ckpt_1.ckpt",
+        "hpc_ckpt_2.ckpt",
+    ]
+    trained, validated, val_loss = epochs_and_last_val_loss(run_dir)
+    assert trained == validated == ["0", "1"]  # each epoch once, the interrupted ones too
+    assert val_loss == pytest.approx(epochs_and_last_val_loss(tmp_path / "run")[2], abs=1e-6)
