@@ -373,6 +373,10 @@ def test_output_that_predicting_would_destroy_or_cannot_write_is_refused_before_
         ("output=notes.txt/predictions.csv",): "output=notes.txt/predictions.csv cannot be "
         f"written: {tmp_path / 'notes.txt'} is not a folder you can write",
     }
+    os.mkfifo(tmp_path / "pipe")  # a rename over it would leave a file in its place
+    cases[("output=pipe",)] = "output=pipe is not a regular file (a device, a pipe or a socket)"
+    # /proc takes no new file, root's either: a folder nobody can write into.
+    cases[("output=/proc/p.csv",)] = "output=/proc/p.csv cannot be written: /proc is not a folder"
     if os.geteuid() != 0:  # root writes into a read-only folder
         (tmp_path / "readonly").mkdir(mode=0o555)
         cases[("output=readonly/p.csv",)] = f"{tmp_path / 'readonly'} is not a folder you can"
@@ -387,6 +391,7 @@ def test_output_that_predicting_would_destroy_or_cannot_write_is_refused_before_
         (line,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
         assert message in line, line
     assert {path: path.read_bytes() for path in tmp_path.iterdir() if path.is_file()} == before
+    assert (tmp_path / "pipe").is_fifo()
 
 
 def test_overwrite_replaces_a_file_and_a_csv_of_predictions_is_replaced_as_it_stands(

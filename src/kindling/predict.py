@@ -26,9 +26,9 @@ import csv
 import io
 import json
 import logging
-import os
 import shutil
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -243,6 +243,11 @@ def check_output(args: PredictArgs) -> Path:
             f"output={args.output} is a folder: name the CSV file to write "
             f"(output={output / 'predictions.csv'})."
         )
+    if output.exists() and not output.is_file():  # a device, a pipe: the rename would replace it
+        raise UserError(
+            f"output={args.output} is not a regular file (a device, a pipe or a socket): name "
+            "the CSV file to write."
+        )
     for read, what in ((args.ckpt_path, "checkpoint"), (args.input, "input")):
         if output.is_file() and Path(read).exists() and output.samefile(read):
             raise UserError(
@@ -257,11 +262,14 @@ def check_output(args: PredictArgs) -> Path:
     folder = output.absolute().parent
     while not folder.exists():  # made when the predictions are written
         folder = folder.parent
-    if not (folder.is_dir() and os.access(folder, os.W_OK | os.X_OK)):
+    try:  # a real file, not os.access: root passes that check on read-only file systems too
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError:
         raise UserError(
             f"output={args.output} cannot be written: {folder} is not a folder you can write. "
             "Choose output= in one you can."
-        )
+        ) from None
     return output
 
 
