@@ -7,16 +7,18 @@ history go on. The CSV logger is the run's own history, not a tracker: its failu
 """
 
 import functools
+import logging
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from lightning.pytorch.loggers import CSVLogger, Logger
-from lightning.pytorch.utilities import rank_zero_warn
 from omegaconf import DictConfig
 
 from kindling.config.errors import UserError
+
+log = logging.getLogger(__name__)
 
 # The Logger methods through which Lightning and kindling write to a tracker.
 WRITES = (
@@ -82,20 +84,50 @@ def tolerate_failures(logger: Logger) -> None:
             if failed:
                 return None
             try:
-                return write(*args, **kwargs)
+                with held_back_logs() as held:
+                    result = write(*args, **kwargs)
             except Exception as error:
-                failed.append(error)
-                rank_zero_warn(
-                    f"{type(logger).__name__} failed and is left out for the rest of the run "
-                    f"(training, checkpoints and metrics.csv go on): {first_line(error)}"
-                )
+                failed.append(error)  # its own log lines about the failure are dropped
+                log.warning(
+                    "%s failed and is left out for the rest of the run (training, checkpoints "
+                    "and metrics.csv go on): %s", type(logger).__name__, first_line(error),
+                )  # fmt: skip
                 return None
+            for record in held:
+                logging.getLogger(record.name).handle(record)
+            return result
 
         return write_unless_failed
 
     # On the instance: the logger keeps its class, which Lightning and kindling look for.
     for name in WRITES:
         setattr(logger, name, guarded(getattr(logger, name)))
+
+
+class _Hold(logging.Filter):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        self.records.append(record)
+        return False
+
+
+@contextmanager
+def held_back_logs() -> Iterator[list[logging.LogRecord]]:
+    """Hold back what any library logs inside the block (a tracker's own error lines, tracebacks
+    included, before it raises): the caller re-emits the records if the block succeeds."""
+    loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
+    handlers = {h for lg in loggers if isinstance(lg, logging.Logger) for h in lg.handlers}
+    hold = _Hold()
+    for handler in handlers:
+        handler.addFilter(hold)
+    try:
+        yield hold.records
+    finally:
+        for handler in handlers:
+            handler.removeFilter(hold)
 
 
 def first_line(error: BaseException) -> str:
