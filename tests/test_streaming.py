@@ -224,28 +224,35 @@ def test_a_damaged_index_is_named_before_training(prepared: Path, tmp_path: Path
     one_line_naming(refused.value, index)
 
 
-class DeleteChunk(Callback):
-    """Deletes a chunk once training starts, after setup checked the copy: as a copy on object
-    storage, which setup cannot check, fails."""
+class DamageChunk(Callback):
+    """Damages a chunk once training starts, after setup checked the copy: as a copy on object
+    storage, which setup cannot check, fails. `deleted`, or `scrambled`: random bytes of the
+    same size, which setup's size check cannot see."""
 
-    def __init__(self, chunk: str) -> None:
-        self.chunk = Path(chunk)
+    def __init__(self, chunk: str, how: str) -> None:
+        self.chunk, self.how = Path(chunk), how
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.chunk.unlink()
+        if self.how == "deleted":
+            self.chunk.unlink()
+        else:
+            self.chunk.write_bytes(os.urandom(self.chunk.stat().st_size))
 
 
-def test_a_chunk_lost_while_training_is_named_in_one_line(
-    prepared: Path, compose_config, tmp_path: Path, caplog
+@pytest.mark.parametrize(
+    ("how", "named"), [("deleted", "could not be read"), ("scrambled", "does not match")]
+)
+def test_a_chunk_damaged_while_training_is_named_in_one_line(
+    prepared: Path, compose_config, tmp_path: Path, caplog, how: str, named: str
 ) -> None:
     copy = copy_of(prepared, tmp_path)
     chunk = largest_chunk(copy / "train")
-    delete = {"_target_": "test_streaming.DeleteChunk", "chunk": str(chunk)}
+    damage = {"_target_": "test_streaming.DamageChunk", "chunk": str(chunk), "how": how}
     with pytest.raises(SystemExit) as stopped:  # read in a DataLoader worker
-        train_streaming(compose_config, copy, tmp_path / "run", "data.num_workers=1", delete=delete)
+        train_streaming(compose_config, copy, tmp_path / "run", "data.num_workers=1", delete=damage)
     assert stopped.value.code == 1
     (line,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
-    assert "could not be read" in one_line_naming(Exception(line), chunk)
+    assert named in one_line_naming(Exception(line), chunk)
 
 
 @pytest.fixture

@@ -2,8 +2,10 @@
 storage."""
 
 import logging
+import re
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -30,22 +32,43 @@ from kindling.data.sequences import Sequences, standardised
 log = logging.getLogger(__name__)
 
 
-def read_sample(dataset: StreamingDataset, index: Any) -> dict[str, Any]:
-    """LitData's sample; a chunk it waited for in vain (gone, cut short, or never downloaded)
-    named in one line, not as LitData's timeout, which blames a hung download."""
+@contextmanager
+def chunks_named(dataset: StreamingDataset) -> Iterator[None]:
+    """A chunk LitData waited for in vain (gone, cut short, or never downloaded), or whose
+    header it finds at odds with index.json, named in one line: LitData's own timeout blames a
+    hung download."""
+    split = dataset.input_dir.url or dataset.input_dir.path
     try:
-        return StreamingDataset.__getitem__(dataset, index)
+        yield
     except ChunkWaitTimeoutError as error:
-        split = dataset.input_dir.url or dataset.input_dir.path
         chunk = f"{split}/{Path(error.path).name}"
         what = (
             f"could not be read in {error.waited_s:.0f} s (missing or cut short; on object "
             "storage, its download may have failed)"
         )
         raise UserError(damaged(chunk, what, split.rsplit("/", 1)[0])) from error
+    except RuntimeError as error:
+        found = re.search(r"does not match index\.json .* for (\S+)\.$", str(error))
+        if found is None:
+            raise
+        chunk = f"{split}/{Path(found.group(1)).name}"
+        what = "does not match its index.json (its bytes were changed)"
+        raise UserError(damaged(chunk, what, split.rsplit("/", 1)[0])) from error
 
 
-class StreamingImages(StreamingDataset):
+class PreparedSplit(StreamingDataset):
+    """LitData's dataset of one split of a prepared copy, whose damaged chunks are named."""
+
+    def __iter__(self) -> "PreparedSplit":
+        with chunks_named(self):  # the first chunks are read here, ahead of the samples
+            return super().__iter__()
+
+    def read(self, index: Any) -> dict[str, Any]:
+        with chunks_named(self):
+            return super().__getitem__(index)
+
+
+class StreamingImages(PreparedSplit):
     """`(image, label)` pairs of one prepared split; training images augmented per sample.
 
     The augmentation of a sample is seeded by `augment_seed`, the epoch and the sample's index:
@@ -60,7 +83,7 @@ class StreamingImages(StreamingDataset):
         self.augment_seed = augment_seed
 
     def __getitem__(self, index: Any) -> tuple[torch.Tensor, int]:
-        sample = read_sample(self, index)
+        sample = self.read(index)
         image = sample["image"]
         if self.augment is not None:
             seed = hash((self.augment_seed, self.current_epoch, sample["index"])) % 2**63
@@ -72,7 +95,7 @@ class StreamingImages(StreamingDataset):
         return image, sample["label"]
 
 
-class StreamingSequences(StreamingDataset):
+class StreamingSequences(PreparedSplit):
     """`(steps, label)` pairs of one prepared split of sequences, served as `Sequences` serves
     them: standardised with `mean` and `std` (`(F,)`; the copy's, or a checkpoint's set after
     `setup`), batched by its `collate` (padded, with the lengths)."""
@@ -84,7 +107,7 @@ class StreamingSequences(StreamingDataset):
         self.mean, self.std = mean, std
 
     def __getitem__(self, index: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        sample = read_sample(self, index)
+        sample = self.read(index)
         steps = standardised(sample["steps"], self.mean, self.std)
         return steps, torch.tensor(sample["label"])
 
