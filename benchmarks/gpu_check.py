@@ -226,7 +226,7 @@ def steps(cpu: bool, work: Path) -> list[Step]:
     overhead += (
         ["--epochs", "2", "--repeats", "1", "--samples", "128", "--batch-size", "32"]
         if cpu
-        else ["--repeats", "1"]
+        else ["--repeats", "1", "--epochs", "6"]
     )
     lm = [PYTHON, str(ROOT / "benchmarks" / "lm_throughput.py")]
     lm += (
@@ -240,19 +240,19 @@ def steps(cpu: bool, work: Path) -> list[Step]:
     return [
         Step("device", 30, [[PYTHON, "-c", VERSIONS], [PYTHON, "-m", "kindling.device_report"]],
              read_device),
-        Step("gpu_tests", 150, [[PYTHON, "-m", "pytest", "-m", "gpu", "-n", "0", "-q",
+        Step("gpu_tests", 210, [[PYTHON, "-m", "pytest", "-m", "gpu", "-n", "0", "-v",
                                  "-p", "no:cacheprovider", f"--junitxml={work / 'gpu_tests.xml'}",
                                  str(ROOT / "tests")]], read_junit),
-        Step("default_run", 70, [train("default", *tiny),
+        Step("default_run", 60, [train("default", *tiny),
                                  train("float32", *tiny, "trainer.precision=32-true")],
              read_runs(["default", "float32"])),
-        Step("overhead", 90, [[*overhead, "--precision", precision, "--out",
+        Step("overhead", 80, [[*overhead, "--precision", precision, "--out",
                                 str(work / f"overhead_{precision}")]
                                for precision in ("32-true", "bf16-mixed")], read_overhead),
-        Step("language_model", 140, [[*lm, "--out", str(work / "lm")]]
+        Step("language_model", 120, [[*lm, "--out", str(work / "lm")]]
              + ([] if cpu else [[*lm, "--compile", "--out", str(work / "lm")]]),
              read_json_reports("lm/lm_throughput*.json")),
-        Step("ddp", 60, [train("ddp", *ddp)],
+        Step("ddp", 40, [train("ddp", *ddp)],
              read_runs(["ddp"])),
     ]  # fmt: skip
 
