@@ -40,10 +40,11 @@ class CheckpointOnInterrupt(Callback):
     short next to training): a run resumed from the middle of it would never validate that epoch.
 
     In a SLURM job, SIGUSR1 (`--signal=USR1@<seconds>` before the time limit, or `scancel
-    --signal=USR1`) stops the run the same way, then rank 0 requeues the job. The checkpoint is
-    `<run folder>/hpc_ckpt_<n>.ckpt`, which Lightning resumes from when SLURM starts the job
-    again in the same folder. It replaces Lightning's own SIGUSR1 handler, which saves in the
-    middle of whatever step the signal lands in.
+    --signal=USR1`) stops the run the same way, then rank 0 requeues the job. The checkpoint of
+    a SLURM job is `<run folder>/hpc_ckpt_<n>.ckpt` (also on SIGTERM: `scontrol requeue`), which
+    Lightning resumes from when SLURM starts the job again in the same folder. It replaces
+    Lightning's own SIGUSR1 handler, which saves in the middle of whatever step the signal lands
+    in.
 
     `exit_within_s`: a rank that, once signalled, goes that long without ending a step (another
     rank never reached the step's end: a stuck loader, a dead peer) prints why and exits with
@@ -200,11 +201,14 @@ class CheckpointOnInterrupt(Callback):
             self._deadline = None
             return
         self._deadline = time.monotonic() + self.exit_within_s  # every rank saves together
-        if self.stopped_by == signal.SIGUSR1:
+        if SLURMEnvironment.detect():
+            # Where a requeued job resumes from: the newest hpc_ckpt of its folder. SIGUSR1 asks
+            # kindling to requeue; SIGTERM comes from SLURM itself (`scontrol requeue`, which
+            # requeues, or `scancel`, which does not).
             self.saved_path = next_hpc_checkpoint(trainer.default_root_dir)
             trainer.save_checkpoint(self.saved_path)
             self._deadline = None
-            if trainer.is_global_zero:
+            if self.stopped_by == signal.SIGUSR1 and trainer.is_global_zero:
                 requeue(self.saved_path)
             return
         checkpoint_dir = getattr(trainer.checkpoint_callback, "dirpath", None)
