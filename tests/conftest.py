@@ -36,6 +36,7 @@ repository, and may share a worker with any other test.
 
 import functools
 import json
+import logging
 import os
 import shutil
 import signal
@@ -76,6 +77,11 @@ def pytest_configure(config: pytest.Config) -> None:
         threads = max(1, len(os.sched_getaffinity(0)) // workers)
         torch.set_num_threads(threads)
         os.environ["OMP_NUM_THREADS"] = str(threads)
+
+
+def error_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The lines logged at ERROR or above: a refusal is exactly one."""
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
 
 
 def importable(module_dir: Path | None) -> dict[str, str] | None:

@@ -1,7 +1,6 @@
 """Every config mistake ends in one line naming its key and value, whenever the object is built;
 a bug in the project's own code keeps its traceback."""
 
-import logging
 import traceback
 from pathlib import Path
 
@@ -18,7 +17,7 @@ from kindling.config.instantiate import ConfigFactory, build
 from kindling.data.text import Vocabulary
 from kindling.train import run
 
-from conftest import QUIET, train_py
+from conftest import QUIET, error_lines, train_py
 
 # fast_dev_run without debug=fdr, which turns off the logger and early stopping.
 FAST = ["trainer=cpu", "++trainer.fast_dev_run=true", *QUIET]
@@ -103,10 +102,6 @@ MISTAKES = {
         "Trainer, seed_everything). Change trainer._target_.",
     ),
 }
-
-
-def error_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
 
 
 @pytest.mark.parametrize("case", MISTAKES)

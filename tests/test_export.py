@@ -17,7 +17,7 @@ from kindling.export import ExportArgs, export
 from kindling.loading import load_module
 from kindling.train import run
 
-from conftest import PYTHON, QUIET, compose_in
+from conftest import PYTHON, QUIET, compose_in, error_lines
 
 SHORT_RUN = [
     "trainer=cpu", "trainer.max_epochs=1", "trainer.limit_train_batches=2",
@@ -109,7 +109,7 @@ def test_an_export_that_computes_something_else_is_refused_in_one_line(
     with pytest.raises(SystemExit) as stopped:
         export_command.main(argv)
     assert stopped.value.code == 1
-    (line,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    (line,) = error_lines(caplog)
     assert "The onnx export of this CNNClassifier differs from the checkpoint by 1.00e-03 > " \
            "tolerance=1e-04" in line, line  # fmt: skip
     assert not (tmp_path / "m.onnx").exists()

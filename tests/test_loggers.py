@@ -15,7 +15,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from kindling.train import run
 
-from conftest import QUIET
+from conftest import QUIET, error_lines
 
 FAST = ["debug=limit", "trainer=cpu", *QUIET]  # 3 epochs of 5 batches, 2 test batches
 EPOCHS = 3
@@ -237,10 +237,7 @@ def test_mlflow_without_a_tracking_uri_is_one_line_naming_the_key(
     pytest.importorskip("mlflow", reason='needs the trackers extra (".[trackers]")')
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     cfg = compose_config("logger=mlflow", "logger.mlflow.tracking_uri=null", *FAST)
-    with pytest.raises(SystemExit) as stopped:
-        run(cfg)
-    assert stopped.value.code == 1
-    (line,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    line = stopped_in_one_line(cfg, caplog)
     assert line.startswith("logger.mlflow.tracking_uri is null and MLFLOW_TRACKING_URI is not set")
     assert "\n" not in line
 
@@ -250,10 +247,16 @@ def test_a_tracker_that_fails_before_training_is_one_line_naming_it(compose_conf
         "logger=[csv]", *FAST, "+logger.broken._target_=test_loggers.BrokenTracker",
         "+logger.broken.fail_at=1",
     )  # fmt: skip
-    with pytest.raises(SystemExit) as stopped:
-        run(cfg)
-    assert stopped.value.code == 1
-    (line,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    line = stopped_in_one_line(cfg, caplog)
     assert line.startswith("logger.broken failed before training: ConnectionError: unreachable.")
     assert "\n" not in line
     assert not (Path(cfg.paths.output_dir) / "checkpoints").exists()  # before any work
+
+
+def stopped_in_one_line(cfg, caplog) -> str:
+    """The one line a run that stops before any work logs (exit status 1)."""
+    with pytest.raises(SystemExit) as stopped:
+        run(cfg)
+    assert stopped.value.code == 1
+    (line,) = error_lines(caplog)
+    return line

@@ -21,7 +21,7 @@ from kindling.loading import load_module
 from kindling.predict import PredictArgs, predict
 from kindling.train import run
 
-from conftest import PYTHON, QUIET, compose_in
+from conftest import PYTHON, QUIET, compose_in, error_lines
 
 
 @pytest.fixture
@@ -119,7 +119,7 @@ def test_command_line_errors_are_short(
         with pytest.raises(SystemExit) as stopped:
             predict_command.main(list(args))
         assert stopped.value.code == 1
-        (line,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+        (line,) = error_lines(caplog)
         assert message in line, line
     # The whole command, once: the message alone on stderr, no traceback.
     result = subprocess.run(
@@ -322,7 +322,7 @@ def test_a_table_with_other_feature_columns_is_refused_in_one_line(
         with pytest.raises(SystemExit):
             predict_command.main([f"ckpt_path={sequence_checkpoint}", f"input={table}",
                                   f"output={tmp_path / 'p.csv'}"])  # fmt: skip
-        (line,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+        (line,) = error_lines(caplog)
         assert message in line and "\n" not in line, line
     # The reader's own refusals name the argument: input=, not the training config's data.path.
     rows[3]["x"] = float("nan")
@@ -388,7 +388,7 @@ def test_output_that_predicting_would_destroy_or_cannot_write_is_refused_before_
         with pytest.raises(SystemExit) as stopped:
             predict_command.main(["ckpt_path=model.ckpt", "input=test", *args])
         assert stopped.value.code == 1
-        (line,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+        (line,) = error_lines(caplog)
         assert message in line, line
     assert {path: path.read_bytes() for path in tmp_path.iterdir() if path.is_file()} == before
     assert (tmp_path / "pipe").is_fifo()

@@ -1,6 +1,5 @@
 """Resume, pre-emption, checkpoints that load anywhere, and clear errors for bad input."""
 
-import logging
 import os
 import signal
 import tempfile
@@ -21,7 +20,7 @@ from kindling.loading import load_module
 from kindling.models import CNNClassifier
 from kindling.train import run
 
-from conftest import CONFIG_DIR, QUIET, copy_run, start_train_py, train_py
+from conftest import CONFIG_DIR, QUIET, copy_run, error_lines, start_train_py, train_py
 
 REPRODUCIBLE = ["trainer=cpu", "trainer.deterministic=true", "seed=7", "test=false", *QUIET]
 
@@ -243,10 +242,6 @@ BAD_INPUT = {
         "use model=lm/<family>",
     ),
 }
-
-
-def error_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
 
 
 @pytest.mark.parametrize("case", [c for c in BAD_INPUT if c != "unknown model"])

@@ -1,7 +1,6 @@
 """A run resumed in its folder keeps its record: every epoch's metrics, its first config."""
 
 import csv
-import logging
 import signal
 from pathlib import Path
 
@@ -13,7 +12,7 @@ from kindling.checkpoints import AtomicCheckpointIO
 from kindling.loggers import ResumableCSVLogger
 from kindling.train import run
 
-from conftest import QUIET, TRAINED_RUN, copy_run, train_py
+from conftest import QUIET, TRAINED_RUN, copy_run, error_lines, train_py
 
 # What a finished run's folder records: a refused resume changes none of it.
 RECORD = ["results.yaml", "csv/metrics.csv", "checkpoints/last.ckpt"]
@@ -107,7 +106,7 @@ def test_resuming_a_finished_run_says_so_and_leaves_its_record(
     with pytest.raises(SystemExit) as stopped:
         run(compose_config(*TRAINED_RUN, f"ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}"))
     assert stopped.value.code == 1
-    (line,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    (line,) = error_lines(caplog)
     assert "has finished training: its checkpoint has 4 epochs of trainer.max_epochs=4" in line
     assert "trainer.max_epochs=8" in line  # how to train further
     # How to test it again: a test-only run of its best checkpoint, in a folder of its own.

@@ -1,6 +1,5 @@
 """One folder per run, whatever starts runs together; one folder for all ranks of a launch."""
 
-import logging
 import re
 import subprocess
 import sys
@@ -18,7 +17,7 @@ from kindling.config.errors import UserError
 from kindling.run import folder_lock, run_folder
 from kindling.train import run
 
-from conftest import CONFIG_DIR, PYTHON, QUIET, copy_run, start_train_py
+from conftest import CONFIG_DIR, PYTHON, QUIET, copy_run, error_lines, start_train_py
 
 LAUNCHER_VARIABLES = [
     "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "RANK", "GROUP_WORLD_SIZE",
@@ -250,7 +249,7 @@ def test_a_second_resume_of_a_live_run_is_refused_naming_it(
         first.kill()
         first.wait()
     assert stopped.value.code == 1
-    (line,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    (line,) = error_lines(caplog)
     assert f"{run_dir} is in use by process {first.pid} on " in line
     assert "train.py" in line  # its command
     assert not (run_dir / "csv" / "hparams_resumed_2.yaml").exists()

@@ -32,7 +32,7 @@ from kindling.data.streaming import StreamingDataModule
 from kindling.prepare import prepare
 from kindling.train import augment_images_only, run
 
-from conftest import PYTHON, QUIET, ROOT, prepare_cfg
+from conftest import PYTHON, QUIET, ROOT, error_lines, prepare_cfg
 
 IMAGES = 96  # image i is grey, every pixel STEP * i: a batch says which samples it holds
 STEP = 2
@@ -251,7 +251,7 @@ def test_a_chunk_damaged_while_training_is_named_in_one_line(
     with pytest.raises(SystemExit) as stopped:  # read in a DataLoader worker
         train_streaming(compose_config, copy, tmp_path / "run", "data.num_workers=1", delete=damage)
     assert stopped.value.code == 1
-    (line,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    (line,) = error_lines(caplog)
     assert named in one_line_naming(Exception(line), chunk)
 
 
