@@ -1,6 +1,7 @@
 """Files that readers only ever see whole."""
 
 import os
+import tempfile
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -28,3 +29,10 @@ def write_atomically(path: Path, write: Callable[[BinaryIO], None], durable: boo
     except BaseException:
         partial.unlink(missing_ok=True)
         raise
+
+
+def probe_writable(folder: Path) -> None:
+    """Raise OSError unless `folder` takes a new file: a real one, as os.access says yes to root
+    on read-only file systems and in /proc."""
+    with tempfile.TemporaryFile(dir=folder):
+        pass

@@ -28,7 +28,6 @@ import json
 import logging
 import shutil
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,7 +46,7 @@ from kindling.data.loaders import default_num_workers
 from kindling.data.normalize import to_model_input
 from kindling.data.sequence_table import Columns, read_sequence_table
 from kindling.data.sequences import Sequences
-from kindling.files import write_atomically
+from kindling.files import probe_writable, write_atomically
 from kindling.garbage_collection import skip_collections_at_exit
 from kindling.hardware import best_precision
 from kindling.loading import instantiate_stored, load_module
@@ -262,9 +261,8 @@ def check_output(args: PredictArgs) -> Path:
     folder = output.absolute().parent
     while not folder.exists():  # made when the predictions are written
         folder = folder.parent
-    try:  # a real file, not os.access: root passes that check on read-only file systems too
-        with tempfile.TemporaryFile(dir=folder):
-            pass
+    try:
+        probe_writable(folder)
     except OSError:
         raise UserError(
             f"output={args.output} cannot be written: {folder} is not a folder you can write. "

@@ -3,7 +3,6 @@ storage."""
 
 import logging
 import re
-import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,6 +27,7 @@ from kindling.data.prepared import (
 )
 from kindling.data.sequence_table import TABLE_READING
 from kindling.data.sequences import Sequences, standardised
+from kindling.files import probe_writable
 
 log = logging.getLogger(__name__)
 
@@ -272,8 +272,7 @@ class StreamingDataModule(SplitDataModule):
         folder = Path(self.hparams.cache_dir) / split
         try:
             folder.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryFile(dir=folder):
-                pass
+            probe_writable(folder)
         except OSError as error:
             raise UserError(
                 f"data.cache_dir={self.hparams.cache_dir} is not writable ({error.strerror}). "
