@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -134,7 +135,7 @@ def read_device(outputs: list[str], work: Path) -> dict:
     smi = subprocess.run(
         ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
         capture_output=True, text=True, check=False,
-    ) if _has("nvidia-smi") else None  # fmt: skip
+    ) if shutil.which("nvidia-smi") else None  # fmt: skip
     facts["nvidia_smi"] = smi.stdout.strip() if smi and smi.returncode == 0 else None
     return facts
 
@@ -204,10 +205,6 @@ def _yaml_value(path: Path | None, key: str) -> float | None:
 def _precision(text: str) -> str:
     match = re.search(r"Using (bf16|16bit) Automatic Mixed Precision", text)
     return {"bf16": "bf16-mixed", "16bit": "16-mixed"}[match.group(1)] if match else "32-true"
-
-
-def _has(program: str) -> bool:
-    return any((Path(p) / program).exists() for p in os.environ.get("PATH", "").split(os.pathsep))
 
 
 # ------------------------------------------------------------------------------------------------
