@@ -23,7 +23,8 @@ silently doing nothing.
 - MFU on the cards Lightning's table misses or misreads (`kindling.callbacks.ThroughputWithMFU`):
   `ThroughputMonitor` makes its `Throughput` meters with the peak it looked up itself and takes
   none from its caller (an `available_flops` argument collides with its own), so kindling's peak
-  goes to the meters in `ThroughputMonitor._throughputs` after `setup`.
+  goes to the meters in `ThroughputMonitor._throughputs` after `setup` (the table's misreadings:
+  Lightning-AI/pytorch-lightning#20660, #21677).
   Tested: tests/test_train.py (test_throughput_callback_takes_the_peak_of_a_card_lightning_misses).
 - SIGTERM and Ctrl-C (`kindling.callbacks.CheckpointOnInterrupt`): the flag the loops stop on,
   `_SignalConnector.received_sigterm`, is set by kindling on every rank at once, when the ranks
