@@ -1,4 +1,4 @@
-"""The GPU check: kindling's CUDA paths and GPU numbers, in one command of at most 9 minutes.
+"""The GPU check: kindling's CUDA paths and GPU numbers, in one command of at most 550 s.
 
     bash benchmarks/gpu_check.sh             # on the GPU machine (installs .whl/ first, if there)
     python benchmarks/gpu_check.py --cpu     # every step tiny, on the CPU: the suite runs this
@@ -203,8 +203,8 @@ def _yaml_value(path: Path | None, key: str) -> float | None:
 
 
 def _precision(text: str) -> str:
-    match = re.search(r"Using (bf16|16bit) Automatic Mixed Precision", text)
-    return {"bf16": "bf16-mixed", "16bit": "16-mixed"}[match.group(1)] if match else "32-true"
+    match = re.search(r"Using (bfloat16|16bit) Automatic Mixed Precision", text)
+    return {"bfloat16": "bf16-mixed", "16bit": "16-mixed"}[match.group(1)] if match else "32-true"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -246,10 +246,10 @@ def steps(cpu: bool, work: Path) -> list[Step]:
         Step("overhead", 80, [[*overhead, "--precision", precision, "--out",
                                 str(work / f"overhead_{precision}")]
                                for precision in ("32-true", "bf16-mixed")], read_overhead),
-        Step("language_model", 120, [[*lm, "--out", str(work / "lm")]]
+        Step("language_model", 100, [[*lm, "--out", str(work / "lm")]]
              + ([] if cpu else [[*lm, "--compile", "--out", str(work / "lm")]]),
              read_json_reports("lm/lm_throughput*.json")),
-        Step("ddp", 40, [train("ddp", *ddp)],
+        Step("ddp", 70, [train("ddp", *ddp)],
              read_runs(["ddp"])),
     ]  # fmt: skip
 

@@ -61,6 +61,7 @@ class StepClock(Callback):
     def __init__(self) -> None:
         self.seconds: list[float] = []
         self._last = 0.0
+        self.device = torch.device("cpu")  # where training ran: Lightning moves the module back
 
     def _now(self, pl_module: L.LightningModule) -> float:
         if pl_module.device.type == "cuda":
@@ -68,6 +69,7 @@ class StepClock(Callback):
         return time.perf_counter()
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.device = pl_module.device
         self._last = self._now(pl_module)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
@@ -119,7 +121,7 @@ def measure(args: argparse.Namespace) -> dict:
 
     timed = clock.seconds[args.warmup :]
     step = statistics.median(timed)
-    device = module.device
+    device = clock.device
     result = {
         "size": args.size,
         "compile": args.compile,

@@ -499,6 +499,8 @@ def test_device_loader_shards_shuffles_and_follows_the_epoch() -> None:
     ]
     seen = [torch.cat([b[1] for b in loader]) for loader in ranks]
     assert [len(loader) for loader in ranks] == [4, 4]  # 10 samples per rank, batches of 3
+    # What a DataLoader's callers read: the whole set, and this rank's share of it.
+    assert [(len(r.dataset), r.sampler.num_samples) for r in ranks] == [(20, 10), (20, 10)]
     # The ranks split one permutation: disjoint, together every sample once.
     assert sorted(torch.cat(seen).tolist()) == list(range(20))
     for batch_images, batch_labels in ranks[0]:

@@ -240,3 +240,16 @@ def test_a_run_resumed_on_another_device_goes_on_learning(
     assert sorted(val) == [0, 1, 2, 3]  # the resumed run's epochs follow the checkpoint's
     assert val[3] < val[1]
     assert torch.load(checkpoint, weights_only=True)["global_step"] == 32
+
+
+def test_a_checkpoint_reads_as_fsdp_reads_it(trained_run) -> None:
+    """FSDP's `load_checkpoint` reads a whole checkpoint with Lightning's lazy loader, which knows
+    tensors with a typed storage only (a uint32 tensor has none): the saved generator states
+    read back through it equal what `torch.load` reads."""
+    from lightning.fabric.utilities.load import _lazy_load, _materialize_tensors
+
+    lazy = _materialize_tensors(_lazy_load(trained_run.last_checkpoint))
+    full = torch.load(trained_run.last_checkpoint, weights_only=False)
+    lazy_rng, full_rng = (c["callbacks"]["ResumeExactly"]["rng"] for c in (lazy, full))
+    assert torch.equal(lazy_rng["numpy"][1], full_rng["numpy"][1])
+    assert torch.equal(lazy_rng["torch"], full_rng["torch"])

@@ -19,9 +19,11 @@ def rng_states() -> dict[str, Any]:
     are other ranks'.
     """
     kind, keys, pos, has_gauss, cached = np.random.get_state()
+    # The uint32 keys are kept as int64: a uint32 tensor has no typed storage, which Lightning's
+    # lazy checkpoint loader (FSDP's load_checkpoint) cannot read.
     return {
         "python": random.getstate(),
-        "numpy": [kind, torch.from_numpy(keys.copy()), pos, has_gauss, cached],
+        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached],
         "torch": torch.get_rng_state(),
         "cuda": [torch.cuda.get_rng_state()] if torch.cuda.is_available() else [],
     }
@@ -31,7 +33,7 @@ def set_rng_states(states: dict[str, Any]) -> None:
     version, internal, gauss = states["python"]
     random.setstate((version, tuple(internal), gauss))
     kind, keys, pos, has_gauss, cached = states["numpy"]
-    np.random.set_state((kind, keys.numpy(), pos, has_gauss, cached))
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(states["torch"])
     # The saving process's GPU goes to this process's, if it has one: a checkpoint of eight GPUs
     # resumes on one, or on a CPU. (Older checkpoints hold every GPU the saver could see; the

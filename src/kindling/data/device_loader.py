@@ -6,6 +6,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
+from torch.utils.data import TensorDataset
 
 from kindling import internals
 from kindling.data.in_memory import BatchIndexedTensors
@@ -73,6 +74,7 @@ class DeviceTensorLoader:
         even_shards: bool = True,
     ):
         self.tensors = tensors
+        self.dataset = TensorDataset(*tensors)  # as on a DataLoader, for callbacks that read it
         self.batch_size = batch_size
         self.shuffle = shuffle
         self.drop_last = drop_last

@@ -7,6 +7,7 @@ from typing import Any
 import lightning as L
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.strategies import FSDPStrategy
 from torch import nn
 from torchmetrics import MaxMetric
 
@@ -87,6 +88,11 @@ class Classifier(L.LightningModule):
         return self.net(inputs)
 
     def setup(self, stage: str) -> None:
+        # The model summary runs the example through this module directly, past the FSDP root
+        # that wraps it; FSDP refuses a forward that enters a nested unit first ("Non-root FSDP
+        # instance's `_is_root` should not have been set"), so sharded runs go without shapes.
+        if self._trainer is not None and isinstance(self.trainer.strategy, FSDPStrategy):
+            self.example_input_array = None
         if self.hparams.channels_last:
             self.net.to(memory_format=torch.channels_last)  # a layout change; no device move
         # Compile the net in place: its state_dict keys stay the same, so checkpoints of a
