@@ -15,6 +15,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -95,9 +96,36 @@ def configure(folder: Path) -> Cluster:
     key.write_bytes(os.urandom(1024))
     key.chmod(0o400)
     (folder / "slurm.conf").write_text(slurm_conf(folder, node))
-    # One thread per task: SLURM gives each one CPU, and task/none does not pin it there.
-    env = {**os.environ, "SLURM_CONF": str(folder / "slurm.conf"), "OMP_NUM_THREADS": "1"}
+    (folder / "bin").mkdir()
+    sacct = folder / "bin" / "sacct"
+    sacct.write_text(f"#!{sys.executable}\n{SACCT}")
+    sacct.chmod(0o755)
+    env = {
+        **os.environ,
+        "SLURM_CONF": str(folder / "slurm.conf"),
+        "PATH": f"{folder / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
+        # One thread per task: SLURM gives each one CPU, and task/none does not pin it there.
+        "OMP_NUM_THREADS": "1",
+    }
     return Cluster("debug", env)
+
+
+# `sacct -o JobID,State,NodeList --parsable2 -j <id> ...` as submitit asks it, answered from
+# what `scontrol` holds of recent jobs (MinJobAge, 300 s): this cluster keeps no accounting
+# (slurmdbd), and without it submitit never learns that a job was cancelled.
+SACCT = """
+import subprocess, sys
+
+print("JobID|State|NodeList")
+ids = [sys.argv[i + 1] for i, arg in enumerate(sys.argv[:-1]) if arg == "-j"]
+for job in ids:
+    shown = subprocess.run(["scontrol", "-o", "show", "job", job], capture_output=True, text=True)
+    for line in shown.stdout.splitlines():
+        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+        task = fields.get("ArrayTaskId")
+        name = f"{fields['ArrayJobId']}_{task}" if task else fields["JobId"]
+        print(f"{name}|{fields['JobState']}|{fields.get('NodeList', '')}")
+"""
 
 
 def start(cluster: Cluster, folder: Path, daemons: list[subprocess.Popen]) -> None:

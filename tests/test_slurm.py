@@ -179,3 +179,31 @@ def test_a_job_stopped_by_slurm_requeues_and_ends_as_an_uninterrupted_run(
     trained, validated, val_loss = epochs_and_last_val_loss(run_dir)
     assert trained == validated == ["0", "1"]  # each epoch once, the interrupted ones too
     assert val_loss == pytest.approx(epochs_and_last_val_loss(tmp_path / "run")[2], abs=1e-6)
+
+
+@pytest.mark.slow
+def test_a_cancelled_job_ends_and_its_folder_says_so(
+    slurm_cluster: Cluster, tmp_path: Path
+) -> None:
+    """`scancel` mid-step: SLURM sends SIGTERM; the job checkpoints at the end of the step and
+    ends, its job.yaml says `interrupted`, and the sweep says in one line that the job left no
+    result (SLURM's state CANCELLED) and where its folder is."""
+    (tmp_path / "modules").mkdir()
+    (tmp_path / "modules" / "slurm_signal.py").write_text(textwrap.dedent(WAIT_FOR_SIGNAL))
+    wait = ["+callbacks.wait._target_=slurm_signal.WaitForSignalAt", "+callbacks.wait.steps=[3]"]
+    sweep = start_submit(
+        slurm_cluster, *SMALL, *wait, cwd=tmp_path, module_dir=tmp_path / "modules"
+    )
+    deadline = time.monotonic() + 120
+    while not (at_step := list(tmp_path.glob("logs/debug/multiruns/*/0/at_step_3"))):
+        assert sweep.poll() is None and time.monotonic() < deadline, sweep.communicate()
+        time.sleep(0.2)
+    slurm_cluster.run("scancel", at_step[0].read_text())
+    said = "".join(sweep.communicate(timeout=120))
+    assert sweep.returncode == 1
+    assert "Traceback" not in said and "(state: CANCELLED)" in said, said
+    run_dir = at_step[0].parent
+    record = yaml.safe_load((run_dir / "job.yaml").read_text())
+    assert (record["status"], record["exit_code"]) == ("interrupted", 143)
+    assert (run_dir / "hpc_ckpt_1.ckpt").is_file()
+    assert not slurm_cluster.run("squeue", "--noheader").strip()

@@ -11,6 +11,7 @@ import yaml
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from kindling.files import write_atomically
 
@@ -40,9 +41,11 @@ def save_results(metrics: dict, run_dir: str | Path) -> None:
 
 @contextmanager
 def recorded_job(run_dir: str | Path) -> Iterator[None]:
-    """In a multirun, `job.yaml`: `running` from the start, then `completed`, or `failed` with
-    the error. A job that is killed never writes its end: the report calls it interrupted. Only
-    rank 0 writes (the extra ranks of a DDP job are single runs of the same folder)."""
+    """In a multirun, `job.yaml`: `running` from the start, then `completed`, `failed` with the
+    error, or `interrupted` with the exit code (SIGTERM, SLURM's `scancel` or requeue, Ctrl-C:
+    stopped at the end of a step and checkpointed). A job that is killed never writes its end:
+    the report calls it interrupted too. Only rank 0 writes (the extra ranks of a DDP job are
+    single runs of the same folder)."""
     multirun = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
     if not multirun or rank_zero_only.rank != 0:
         yield
@@ -52,6 +55,9 @@ def recorded_job(run_dir: str | Path) -> Iterator[None]:
     write_yaml(path, record)
     try:
         yield
+    except SIGTERMException as stop:  # saved at the end of a step (CheckpointOnInterrupt)
+        record.update(status="interrupted", exit_code=stop.code)
+        raise
     except Exception as error:
         record.update(status="failed", error=f"{type(error).__name__}: {error}")
         raise
