@@ -2,17 +2,21 @@
 SLURM starts, and the jobs `hydra/launcher=slurm` submits."""
 
 import csv
+import json
 import os
 import subprocess
 import textwrap
 import time
 from pathlib import Path
 
+import optuna
 import pytest
 import yaml
+from optuna.trial import TrialState
 
 import kindling.train
 from kindling.report import MARKDOWN
+from kindling.sweeps.study import open_storage
 
 from conftest import PYTHON, QUIET, ROOT, start_train_py
 from slurm_cluster import Cluster
@@ -118,11 +122,12 @@ class WaitForSignalAt(L.Callback):
     # In the middle of each training step of `steps` (gradients computed, weights not yet
     # updated), names the job in <run folder>/at_step_<step> and waits for a signal that stops
     # the run there.
-    def __init__(self, steps):
-        self.steps = steps
+    def __init__(self, steps, folders=None):  # folders: only the runs of these folder names
+        self.steps, self.folders = steps, folders
 
     def on_before_optimizer_step(self, trainer, *args):
-        if trainer.global_step in self.steps:
+        here = Path(trainer.default_root_dir).name
+        if trainer.global_step in self.steps and here in (self.folders or [here]):
             at_step = Path(trainer.default_root_dir, f"at_step_{trainer.global_step}")
             at_step.write_text(os.environ["SLURM_JOB_ID"])
             deadline = time.monotonic() + 30
@@ -207,3 +212,62 @@ def test_a_cancelled_job_ends_and_its_folder_says_so(
     assert (record["status"], record["exit_code"]) == ("interrupted", 143)
     assert (run_dir / "hpc_ckpt_1.ckpt").is_file()
     assert not slurm_cluster.run("squeue", "--noheader").strip()
+
+
+RECORD_PARAMS = """
+import json
+from pathlib import Path
+import lightning as L
+
+class RecordParams(L.Callback):
+    # What this rank trains with, in <run folder>/rank<r>.json.
+    def on_train_start(self, trainer, pl_module):
+        record = {
+            "model.optimizer.lr": trainer.optimizers[0].defaults["lr"],
+            "data.batch_size": trainer.datamodule.hparams.batch_size,
+        }
+        folder = Path(trainer.default_root_dir)
+        (folder / f"rank{trainer.global_rank}.json").write_text(json.dumps(record))
+"""
+
+
+@pytest.mark.slow
+def test_an_optuna_sweep_runs_its_trials_as_slurm_jobs(
+    slurm_cluster: Cluster, tmp_path: Path
+) -> None:
+    """Two trials as two SLURM jobs at once, each of two tasks: both ranks of a trial train with
+    its parameters; trial 0, preempted (SIGUSR1) mid-step, requeues itself and resumes; the study
+    ends with two trials, each counted once."""
+    modules = tmp_path / "modules"
+    modules.mkdir()
+    (modules / "slurm_signal.py").write_text(textwrap.dedent(WAIT_FOR_SIGNAL))
+    (modules / "record_params.py").write_text(textwrap.dedent(RECORD_PARAMS))
+    overrides = [
+        "hparams_search=optuna", "hparams_search/pruner=nop", "hydra.sweeper.n_trials=2",
+        "hydra.sweeper.n_jobs=2", "trainer.devices=2", *SMALL,
+        "+callbacks.params._target_=record_params.RecordParams",
+        "+callbacks.wait._target_=slurm_signal.WaitForSignalAt", "+callbacks.wait.steps=[3]",
+        "+callbacks.wait.folders=['0']",
+    ]  # fmt: skip
+    sweep = start_submit(slurm_cluster, *overrides, cwd=tmp_path, module_dir=modules)
+    deadline = time.monotonic() + 120
+    while not (at_step := list(tmp_path.glob("logs/debug/multiruns/*/0/at_step_3"))):
+        assert sweep.poll() is None and time.monotonic() < deadline, sweep.communicate()
+        time.sleep(0.2)
+    slurm_cluster.run("scancel", "--signal=USR1", at_step[0].read_text())
+    stdout, stderr = sweep.communicate(timeout=300)
+    assert sweep.returncode == 0, stdout + stderr
+    journal = tmp_path / "logs" / "debug" / "sweeps" / "optuna" / "journal.log"
+    study = optuna.load_study(study_name="optuna", storage=open_storage(str(journal)))
+    assert [(t.number, t.state) for t in study.trials] == [
+        (n, TrialState.COMPLETE) for n in range(2)
+    ]
+    sweep_dir = at_step[0].parent.parent
+    for trial in study.trials:
+        run_dir = sweep_dir / str(trial.number)
+        ranks = [json.loads((run_dir / f"rank{r}.json").read_text()) for r in (0, 1)]
+        searched = {k: v for k, v in trial.params.items() if k in ranks[0]}
+        assert ranks[0] == ranks[1] == pytest.approx(searched)
+    assert (sweep_dir / "0" / "hpc_ckpt_1.ckpt").is_file()  # trial 0 stopped once, resumed
+    trained, validated, _ = epochs_and_last_val_loss(sweep_dir / "0")
+    assert trained == validated == ["0", "1"]
