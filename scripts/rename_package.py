@@ -21,8 +21,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # Never touched: version control, environments, caches.
 SKIP_ANYWHERE = {".git", ".venv", "venv", "__pycache__", ".pytest_cache", ".ruff_cache"}
-# Never touched at the top level: runs, data sets, build output.
-SKIP_AT_ROOT = {"logs", "data", "outputs", "multirun", "build", "dist"}
+# Never touched at the top level: runs, data sets, build output, and copier's record of where
+# the template is (a clone named kindling: renamed, `copier update` would not find it).
+SKIP_AT_ROOT = {"logs", "data", "outputs", "multirun", "build", "dist", ".copier-answers.yml"}
 
 
 def valid_name(name: str) -> bool:
