@@ -1,6 +1,7 @@
 """Optuna sweeps: search space, pruning, failed trials, resumed and shared studies, best trial."""
 
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -212,7 +213,9 @@ hydra:
 """
     # Two settings crash, one diverges (in four steps), one trains.
     quick = [*TINY[:-1], "trainer.limit_train_batches=4", "callbacks=[stop_on_divergence]"]
-    output = search(tmp_path, config, *quick)
+    output = search(
+        tmp_path, config, *quick, "hparams_search/pruner=nop", "hydra.sweeper.n_trials=4"
+    )
     study = load_study(tmp_path)
     states = sorted(t.state.name for t in study.trials)
     assert states == ["COMPLETE", "FAIL", "FAIL", "FAIL"]
@@ -235,6 +238,13 @@ hydra:
     assert {"data.batch_size=64", "model.optimizer.lr=0.003"} < set(best["train_command"].split())
     assert "hparams_search" not in best["train_command"]
     assert f"Best trial {study.best_trial.number}" in output
+    # The printed command retrains the best trial as it stands, a single run.
+    assert f"Retrain it: {best['train_command']}" in output
+    python, script, *overrides = shlex.split(best["train_command"])
+    assert (python, script) == ("python", "train.py")
+    (tmp_path / "retrain").mkdir()
+    retrained = train_py(*overrides, cwd=tmp_path / "retrain")
+    assert retrained.returncode == 0, (retrained.stdout + retrained.stderr)[-3000:]
 
 
 @pytest.mark.slow

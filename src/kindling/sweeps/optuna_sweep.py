@@ -169,8 +169,16 @@ class OptunaSweep:
             log.warning("No trial of study %r has completed: no best trial.", study.study_name)
             return
         best = studies.trial_summary(study.best_trial)
-        # Retrain it: the sweep's own overrides, without the search, and the best parameters.
-        kept = [o for o in fixed if not o.startswith(("hparams_search=", "hydra/sweeper="))]
+        # Retrain it: the sweep's own overrides, without the search and the launcher (a single
+        # run has neither: Hydra refuses their keys), and the best parameters.
+        search = (
+            "hparams_search",
+            "hydra/sweeper",
+            "hydra.sweeper.",
+            "hydra/launcher",
+            "hydra.launcher.",
+        )
+        kept = [o for o in fixed if not o.lstrip("+~").startswith(search)]
         params = [f"{name}={value}" for name, value in best["params"].items()]
         best["train_command"] = shlex.join(["python", "train.py", *kept, *params])
         best["study_name"] = study.study_name
