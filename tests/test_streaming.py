@@ -4,6 +4,7 @@ import json
 import logging
 import math
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -32,7 +33,7 @@ from kindling.data.streaming import StreamingDataModule
 from kindling.prepare import prepare
 from kindling.train import augment_images_only, run
 
-from conftest import PYTHON, QUIET, ROOT, error_lines, prepare_cfg
+from conftest import PYTHON, QUIET, ROOT, error_lines, prepare_cfg, train_py
 
 IMAGES = 96  # image i is grey, every pixel STEP * i: a batch says which samples it holds
 STEP = 2
@@ -569,12 +570,31 @@ def test_data_settings_that_disagree_with_a_copy_of_sequences(sequence_copy: Pat
 
 
 def test_a_split_smaller_than_one_batch_per_process_is_refused(sequence_copy: Path) -> None:
-    """Several processes evaluate whole batches only: a split smaller than one batch on each
-    would log no val/loss at all, and the run would end without its metric."""
+    """Several processes take whole batches only: a split smaller than one batch on each would
+    train no step, or log no val/loss, and the run would end without its metric."""
     module = streamed_sequences(sequence_copy, batch_size=2000)
     module.trainer = SimpleNamespace(world_size=2)
     with pytest.raises(
-        UserError, match=r"the \d+ val samples are fewer than one batch on each of 2"
+        UserError, match=r"the \d+ train samples are fewer than one batch on each of 2"
     ):
         module.setup("fit")
     streamed_sequences(sequence_copy, batch_size=2000).setup("fit")  # one process: every sample
+
+
+@pytest.mark.parametrize("kind", ["images", "sequences"])
+def test_the_printed_train_command_trains_on_the_copy(
+    kind: str, request, caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    """`prepare` ends with the command that trains on its copy; run as printed (one epoch), it
+    trains and tests: a copy of sequences needs a sequence model, and the line names one."""
+    copy = request.getfixturevalue("prepared" if kind == "images" else "sequence_copy")
+    source = read_metadata(str(copy))["source"]["path"]
+    data = FOLDER if kind == "images" else ["data=sequences", "data.missing=mean"]
+    with caplog.at_level(logging.INFO, logger="kindling"):  # the copy is there: quick
+        prepare(prepare_cfg(*data, f"data.path={source}", f"output={copy}"))
+    (line,) = [r.getMessage() for r in caplog.records if "Train with: " in r.getMessage()]
+    python, script, *overrides = shlex.split(line.split("Train with: ")[1])
+    assert (python, script) == ("python", "train.py")
+    result = train_py(*overrides, "trainer.max_epochs=1", *QUIET, cwd=tmp_path)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    assert list(tmp_path.glob("logs/train/runs/*/results.yaml"))

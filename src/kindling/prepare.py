@@ -19,6 +19,7 @@ import functools
 import json
 import logging
 import multiprocessing
+import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -128,8 +129,8 @@ def prepare(cfg: DictConfig) -> Path:
     metadata["complete"] = True
     metadata_file.write_text(json.dumps(metadata, indent=1))  # last: the copy is whole
     counts = ", ".join(f"{name} {count}" for name, count in metadata["splits"].items())
-    log.info("Prepared %s (%s). Train with: python train.py data=streaming "
-             "data.input_dir=%s", output, counts, output)  # fmt: skip
+    log.info("Prepared %s (%s). Train with: %s", output, counts,
+             train_command(output, metadata["kind"]))  # fmt: skip
     return output
 
 
@@ -155,9 +156,16 @@ def _finished(output: Path, source: dict[str, Any]) -> bool:
             f"output={output} already holds a prepared copy of another data config "
             f"({metadata.get('source')}). Give another output, or delete that folder."
         )
-    log.info("%s is already prepared (%s): nothing to do. Delete it to prepare again.",
-             output, ", ".join(f"{k} {v}" for k, v in metadata["splits"].items()))  # fmt: skip
+    log.info("%s is already prepared (%s): nothing to do. Delete it to prepare again. Train "
+             "with: %s", output, ", ".join(f"{k} {v}" for k, v in metadata["splits"].items()),
+             train_command(output, metadata["kind"]))  # fmt: skip
     return True
+
+
+def train_command(output: Path, kind: str) -> str:
+    """The command that trains on the copy: the image models read no sequences."""
+    model = ["model=lstm"] if kind == SEQUENCES else []
+    return shlex.join(["python", "train.py", "data=streaming", f"data.input_dir={output}", *model])
 
 
 @hydra.main(version_base="1.3", config_path=str(CONFIGS), config_name="prepare")

@@ -254,15 +254,15 @@ class StreamingDataModule(SplitDataModule):
                 "data.augment out (data/augment=none)."
             )
         world_size = self.trainer.world_size if self.trainer is not None else 1
-        whole = world_size * self.batch_size_per_device  # what one evaluation step takes
-        for name in ("val", "test"):
+        whole = world_size * self.batch_size_per_device  # what one step takes
+        for name in ("train", "val", "test"):
             count = metadata["splits"][name]
             if world_size > 1 and count < whole:
                 raise UserError(
                     f"{hp.input_dir}: the {count} {name} samples are fewer than one batch on each "
-                    f"of {world_size} processes (data.batch_size={hp.batch_size}), which evaluate "
+                    f"of {world_size} processes (data.batch_size={hp.batch_size}), which take "
                     f"whole batches only. Set data.batch_size={count // world_size * world_size} "
-                    "or less, or evaluate on one process."
+                    "or less, or run on one process."
                 )
 
     def _cache_dir(self, split: str) -> str | None:
@@ -300,7 +300,10 @@ class StreamingDataModule(SplitDataModule):
         )
 
     def train_dataloader(self) -> StreamingDataLoader:
-        self.train_loader = self._streaming_loader(self.data_train, drop_last=True)
+        # The last partial batch is dropped (BatchNorm, compiled shapes), unless it is the only
+        # one: a split smaller than one batch still trains (on one process: setup refuses more).
+        drop_last = len(self.data_train) >= self.batch_size_per_device
+        self.train_loader = self._streaming_loader(self.data_train, drop_last=drop_last)
         if self._train_loader_state is not None:
             # Set here rather than by Lightning, which skips the loader state when the loader
             # was made before the checkpoint's loops were restored (a schedule that reads
