@@ -1,4 +1,5 @@
-"""What a run prints: the resolved config tree, and no warnings that ask nothing of the user."""
+"""What a run prints: a pointer to its config tree, no notices that ask nothing of the user, and
+a summary at the end; and what its train.log keeps: all of that, Lightning's lines too."""
 
 import logging
 import warnings
@@ -9,12 +10,16 @@ import kindling.train
 from kindling.config.config_tree import CONFIG_TREE_FILE, print_config_tree
 from kindling.train import run
 
-from conftest import QUIET
+from conftest import QUIET, train_py
 
 
-def test_config_tree_is_printed_and_saved_resolved(compose_config, tmp_path, capsys) -> None:
+def test_config_tree_is_saved_resolved_and_printed_on_request(
+    compose_config, tmp_path, capsys
+) -> None:
     cfg = compose_config("model=lstm", "tags=[digits,lstm]")
     print_config_tree(cfg, tmp_path / "run")
+    assert "LSTMClassifier" not in capsys.readouterr().out  # saved; the log says where
+    print_config_tree(cfg, tmp_path / "run", to_console=True)
     saved = (tmp_path / "run" / CONFIG_TREE_FILE).read_text()
     assert "kindling.models.LSTMClassifier" in capsys.readouterr().out
     # Interpolations are resolved: the checkpoint folder is the run folder's.
@@ -64,10 +69,13 @@ def run_recording_warnings(compose_config, caplog, monkeypatch) -> tuple[list[st
                 *QUIET,
             )
         )  # fmt: skip
-    return [str(w.message) for w in caught], caplog.text
+    # A run under Hydra logs Python's warnings (train.log keeps them): recorded, or in the log.
+    return [str(w.message) for w in caught] + caplog.text.splitlines(), caplog.text
 
 
 UNHELPFUL = ["smaller than the logging interval", "LeafSpec"]
+# Lightning's notices, logged at every Trainer start (the last one beside a model summary).
+UNHELPFUL_NOTICES = ["litlogger", "was configured so 100%"]
 
 
 def test_a_real_run_saves_its_config_tree_without_unhelpful_warnings(
@@ -76,11 +84,12 @@ def test_a_real_run_saves_its_config_tree_without_unhelpful_warnings(
     messages, log = run_recording_warnings(compose_config, caplog, monkeypatch)
     for unhelpful in UNHELPFUL:
         assert not [m for m in messages if unhelpful in m], unhelpful
-    assert "litlogger" not in log
+    for notice in UNHELPFUL_NOTICES:
+        assert notice not in log, notice
     # What tells the user something still gets through.
     assert any("No best checkpoint was saved" in m for m in messages)
     assert f"Run folder: {tmp_path / 'run'}" in log
-    # train.py prints the tree and saves it in the run folder.
+    # train.py saves the tree in the run folder.
     assert (
         "_target_: kindling.modules.Classifier" in (tmp_path / "run" / CONFIG_TREE_FILE).read_text()
     )
@@ -92,4 +101,26 @@ def test_without_the_filter_those_warnings_do_appear(compose_config, caplog, mon
     messages, log = run_recording_warnings(compose_config, caplog, monkeypatch)
     for unhelpful in UNHELPFUL:
         assert [m for m in messages if unhelpful in m], unhelpful
-    assert "litlogger" in log
+    for notice in UNHELPFUL_NOTICES:
+        assert notice in log, notice
+
+
+def test_the_console_is_short_ends_with_a_summary_and_train_log_keeps_it(tmp_path) -> None:
+    """`python train.py`: the config tree is a one-line pointer, Lightning's notices and the
+    srun hint (on a machine with SLURM's commands) are gone, a summary ends the run; train.log
+    holds Lightning's lines and the summary too."""
+    result = train_py("debug=limit", "trainer.max_epochs=2", cwd=tmp_path)
+    console = result.stdout + result.stderr
+    assert result.returncode == 0, console[-3000:]
+    (run_dir,) = (tmp_path / "logs" / "debug" / "runs").iterdir()
+    assert f"Config: {run_dir / CONFIG_TREE_FILE}" in console
+    assert "── data" not in console and "_target_:" not in console
+    quiet = [*UNHELPFUL_NOTICES, "Trainer already configured", "The `srun` command is available"]
+    for noise in quiet:
+        assert noise not in console, noise
+    summary = console[console.index("Best: val/") :]
+    assert summary.splitlines()[1].startswith("Test: test/acc ")
+    assert f"Run folder: {run_dir}" in summary
+    log = (run_dir / "train.log").read_text()
+    assert "`Trainer.fit` stopped: `max_epochs=2` reached." in log
+    assert "Test: test/acc " in log and f"Config: {run_dir / CONFIG_TREE_FILE}" in log

@@ -1,6 +1,7 @@
 """Silence the warnings and notices every kindling run prints that ask nothing of the user."""
 
 import logging
+import os
 import warnings
 
 # (message regex, category); the comment in each says why it does not help.
@@ -34,11 +35,21 @@ UNHELPFUL_WARNINGS = [
 ]
 
 
-class _DropAdvertisement(logging.Filter):
-    """Lightning logs a tip to install its cloud logger at every Trainer start."""
+# Lightning's notices at every Trainer start that say nothing to this run.
+UNHELPFUL_NOTICES = (
+    "litlogger",  # a tip to install Lightning's cloud logger
+    "litmodels",  # and its model registry
+    # kindling's RichModelSummary is the summary; Lightning says it adds none of its own.
+    "Trainer already configured with model summary callbacks",
+    # `limit_*_batches: 1.0`, configs/trainer/default.yaml's explicit "all of them".
+    "was configured so 100% of the batches",
+)
 
+
+class _DropNotices(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        return "litlogger" not in record.getMessage()
+        message = record.getMessage()
+        return not any(notice in message for notice in UNHELPFUL_NOTICES)
 
 
 def ignore_unhelpful_warnings() -> None:
@@ -47,6 +58,10 @@ def ignore_unhelpful_warnings() -> None:
     for message, category in UNHELPFUL_WARNINGS:
         # warnings.filterwarnings replaces an identical filter rather than adding a second one.
         warnings.filterwarnings("ignore", message=message, category=category)
+    if "SLURM_JOB_ID" not in os.environ:
+        # Lightning's hint to start with srun, on every machine that has SLURM's commands: it
+        # helps inside an allocation only (kindling's SLURM launcher runs srun itself).
+        warnings.filterwarnings("ignore", message=r".*The `srun` command is available.*")
     rank_zero_logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
-    if not any(isinstance(f, _DropAdvertisement) for f in rank_zero_logger.filters):
-        rank_zero_logger.addFilter(_DropAdvertisement())
+    if not any(isinstance(f, _DropNotices) for f in rank_zero_logger.filters):
+        rank_zero_logger.addFilter(_DropNotices())

@@ -47,6 +47,7 @@ def run(cfg: DictConfig) -> float | None:
     HYDRA_FULL_ERROR=1 it is raised, and Hydra prints the whole traceback.
     """
     ignore_unhelpful_warnings()
+    _log_through_hydra()
     try:
         job = job_record.recorded_job(cfg.paths.output_dir)  # in a multirun: how the job ended
         with hydra_ddp.job_environment(), _trackers_closed(), job:
@@ -68,6 +69,20 @@ def run(cfg: DictConfig) -> float | None:
         folder_lock.release(cfg.paths.output_dir)
 
 
+def _log_through_hydra() -> None:
+    """Lightning's messages and Python's warnings through the handlers Hydra set up (the console
+    and the run folder's train.log). Lightning gives its loggers a console handler of their own
+    when it is imported before logging is configured, which would keep them out of train.log."""
+    if not HydraConfig.initialized():
+        return
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
+        library_log = logging.getLogger(name)
+        for handler in [h for h in library_log.handlers if type(h) is logging.StreamHandler]:
+            library_log.removeHandler(handler)
+        library_log.propagate = True
+    logging.captureWarnings(True)
+
+
 def train_and_test(cfg: DictConfig) -> float | None:
     augment_images_only(cfg.data)
     try:
@@ -76,7 +91,7 @@ def train_and_test(cfg: DictConfig) -> float | None:
         resumed.forget_refused(cfg.paths.output_dir)
         raise
     record_dir = resumed.record_dir(cfg.paths.output_dir)  # a resumed run keeps the first's record
-    print_config_tree(cfg, save_dir=record_dir)
+    print_config_tree(cfg, save_dir=record_dir, to_console=cfg.get("print_config", False))
     run_provenance = provenance.collect()
     provenance.save(run_provenance, record_dir)
     if cfg.get("seed") is not None:  # 0 is a seed like any other
@@ -106,7 +121,7 @@ def train_and_test(cfg: DictConfig) -> float | None:
         metrics.update(trainer.callback_metrics)
 
     job_record.save_results(metrics, cfg.paths.output_dir)
-    rank_zero_info(f"Run folder: {cfg.paths.output_dir}")
+    rank_zero_info(run_summary(trainer, metrics, cfg.paths.output_dir))
     # A test-only run (train=false) has no validation metrics to return.
     name = cfg.get("optimized_metric") if cfg.get("train") else None
     return _optimized_metric(name, metrics)
@@ -221,6 +236,24 @@ def _trackers_closed() -> Iterator[None]:
 def _in_multirun() -> bool:
     # A SystemExit would end the whole sweep; an exception lets Hydra finish the other jobs.
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def run_summary(trainer: L.Trainer, metrics: dict, run_dir: str | Path) -> str:
+    """What came of the run, in a few lines: the best checkpoint and its score, the test
+    metrics, the pictures, the run folder."""
+    lines = []
+    callback = trainer.checkpoint_callback
+    if callback is not None and callback.best_model_path and callback.best_model_score is not None:
+        score = float(callback.best_model_score)
+        lines.append(f"Best: {callback.monitor} {score:.4f}, {callback.best_model_path}")
+    tested = {k: float(v) for k, v in sorted(metrics.items()) if k.startswith("test/")}
+    if tested:
+        lines.append("Test: " + ", ".join(f"{k} {v:.4f}" for k, v in tested.items()))
+    pictures = sorted(p.name for p in Path(run_dir).glob("*.png"))
+    if pictures:
+        lines.append(f"Pictures: {', '.join(pictures)}")
+    lines.append(f"Run folder: {run_dir}")
+    return "\n".join(lines)
 
 
 def _best_checkpoint(trainer: L.Trainer) -> str | None:

@@ -1,5 +1,6 @@
-"""The resolved config of a run as a tree: printed when the run starts and saved in its folder."""
+"""The resolved config of a run as a tree: saved in its folder when the run starts."""
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -12,6 +13,8 @@ from rich.syntax import Syntax
 from rich.text import Text
 
 CONFIG_TREE_FILE = "config_tree.log"
+
+log = logging.getLogger(__name__)
 
 # The groups a reader looks for first; the remaining keys follow in config order.
 FIRST = ("data", "model", "callbacks", "logger", "trainer", "paths")
@@ -41,14 +44,20 @@ def _yaml_line(value: object) -> str:
 
 
 @rank_zero_only
-def print_config_tree(cfg: DictConfig, save_dir: str | Path | None = None) -> None:
-    """Print the resolved config as a tree (rank 0 only) and save it as `config_tree.log`.
+def print_config_tree(
+    cfg: DictConfig, save_dir: str | Path | None = None, to_console: bool = False
+) -> None:
+    """Save the resolved config as a tree, `config_tree.log` (rank 0 only); print it with
+    `to_console`, else print where it is.
 
     `.hydra/config.yaml` keeps the config as written (with `${...}`); this file shows the values
     the run actually used.
     """
     tree = config_tree(cfg)
-    Console().print(tree)
+    if to_console or save_dir is None:
+        Console().print(tree)
+    else:
+        log.info("Config: %s (print_config=true shows it here)", Path(save_dir) / CONFIG_TREE_FILE)
     if save_dir is not None:
         path = Path(save_dir) / CONFIG_TREE_FILE
         path.parent.mkdir(parents=True, exist_ok=True)
