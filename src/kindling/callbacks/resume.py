@@ -95,4 +95,6 @@ def _saved_by_its_kind(loader: object, state: dict[str, Any]) -> bool:
     `DeviceTensorLoader` (a GPU run's with data.on_device=auto), a DataLoader's for another."""
     from kindling.data.device_loader import DeviceTensorLoader
 
-    return isinstance(loader, DeviceTensorLoader) == (state.keys() == {"seed", "epoch", "served"})
+    # A DataLoader's state is torchdata's (its sampler's is inside); older device loaders saved
+    # "served", newer ones "consumed".
+    return isinstance(loader, DeviceTensorLoader) == ({"seed", "epoch"} <= state.keys())
