@@ -2,15 +2,27 @@
 epoch's position (samples consumed by all processes together) and deal the rest of the epoch's
 order over the processes of the resumed run, so the interrupted epoch sees every sample once."""
 
+import csv
+import json
+import signal
+from collections import Counter
+from pathlib import Path
+
 import pytest
 import torch
+from omegaconf import open_dict
 from torch.utils.data import DistributedSampler
 
 from kindling.config.errors import UserError
 from kindling.data.buckets import LengthBucketSampler
 from kindling.data.device_loader import DeviceTensorLoader
 from kindling.data.loaders import ResumableDistributedSampler
+from kindling.train import run
 
+from conftest import QUIET
+from conftest import train_py as run_train_py
+
+TESTS = Path(__file__).parent
 N, GLOBAL_BATCH, STEPS = 48, 8, 3  # 48 samples divide over 1, 2 and 4 processes of 8
 
 
@@ -125,3 +137,93 @@ def test_a_position_the_new_processes_cannot_share_is_refused() -> None:
         samplers("sampler", 4)[1].load_state_dict(sampler.state_dict())
     with pytest.raises(UserError, match="does not split evenly over 4 processes"):
         device_loaders(4)[0].load_state_dict({"seed": 1, "epoch": 2, "consumed": 6})
+
+
+# The digits' training split: 1,280 images (data.val_fraction=0.1099 of 1,438), 10 steps of 128
+# an epoch on 1 process or 2. Three epochs, stopped by SIGTERM in the second.
+RUN = [
+    "trainer.max_epochs=3", "data.val_fraction=0.1099", "data.batch_size=128", "test=false",
+    "trainer.limit_val_batches=1", "callbacks.early_stopping=null", "callbacks.plots=null",
+    *QUIET,
+]  # fmt: skip
+STOP_AT = 14
+
+
+def record(name: str) -> list[str]:
+    target = "+callbacks.record._target_=record_samples.RecordEpochSamples"
+    return [target, f"+callbacks.record.name={name}"]
+
+
+def stop(step: int) -> list[str]:
+    return ["+callbacks.stop._target_=record_samples.SigtermAtStep", f"+callbacks.stop.step={step}"]
+
+
+def train_py(folder: Path, devices: int, *args: str) -> int:
+    """`python train.py` on `devices` CPU processes in the run folder `folder`: its exit code."""
+    result = run_train_py(
+        "trainer.accelerator=cpu", f"trainer.devices={devices}", *RUN, *args,
+        f"hydra.run.dir={folder}",
+        cwd=folder.parent, module_dir=TESTS, timeout=300,
+    )  # fmt: skip
+    assert result.returncode in (0, 128 + signal.SIGTERM), (result.stdout + result.stderr)[-4000:]
+    return result.returncode
+
+
+def train_here(compose_config, folder: Path, *args: str) -> int:
+    """`kindling.train.run` in this process, on one CPU process: its exit code."""
+    cfg = compose_config("trainer=cpu", *RUN, *args)
+    with open_dict(cfg):
+        cfg.paths.output_dir = str(folder)
+    try:
+        run(cfg)
+    except SystemExit as stopped:
+        return stopped.code
+    return 0
+
+
+def epoch_samples(folder: Path, epoch: int, launch: str = "*") -> Counter:
+    """The digests of what `launch` ("first", "resumed", "*": both) trained on in `epoch`."""
+    seen = Counter()
+    for path in folder.glob(f"{launch}_rank*.json"):
+        seen.update(json.loads(path.read_text()).get(str(epoch), []))
+    return seen
+
+
+def assert_resumed_exactly(folder: Path, epochs: int = 3) -> None:
+    checkpoint = torch.load(folder / "checkpoints" / "last.ckpt", weights_only=True)
+    assert checkpoint["global_step"] == 10 * epochs  # 10 steps an epoch: none lost or repeated
+    whole = epoch_samples(folder, 0)  # an epoch the first launch trained from end to end
+    assert sum(whole.values()) == 1280
+    # The interrupted epoch: each image of the training split once, over both launches; and
+    # the epochs after it, whole on the resumed run's processes.
+    for epoch in range(1, epochs):
+        assert epoch_samples(folder, epoch) == whole, epoch
+    assert epoch_samples(folder, 1, "first") and epoch_samples(folder, 1, "resumed")
+    with open(folder / "csv" / "metrics.csv") as f:
+        val = {int(r["epoch"]): float(r["val/loss"]) for r in csv.DictReader(f) if r["val/loss"]}
+    assert sorted(val) == list(range(epochs))
+    assert val[epochs - 1] < val[0]  # the resumed run went on learning
+
+
+LOADERS = {"dataloader": [], "on device": ["data.on_device=true"]}  # the two samplers
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loader", LOADERS)
+@pytest.mark.parametrize(("before", "after"), [(2, 1), (1, 2)])
+def test_a_run_stopped_mid_epoch_resumes_on_another_number_of_processes(
+    compose_config, tmp_path: Path, before: int, after: int, loader: str
+) -> None:
+    folder = tmp_path / "run"
+
+    def train(devices: int, *args: str) -> int:
+        if devices == 1:
+            return train_here(compose_config, folder, *LOADERS[loader], *args)
+        return train_py(folder, devices, *LOADERS[loader], *args)
+
+    assert train(before, *record("first"), *stop(STOP_AT)) == 128 + signal.SIGTERM
+    checkpoint = folder / "checkpoints" / "last.ckpt"
+    stopped = torch.load(checkpoint, weights_only=True)
+    assert stopped["epoch"] == 1 and 10 < stopped["global_step"] < 20  # mid-epoch
+    assert train(after, *record("resumed"), f"ckpt_path={checkpoint}") == 0
+    assert_resumed_exactly(folder)
