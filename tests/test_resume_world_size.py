@@ -227,3 +227,18 @@ def test_a_run_stopped_mid_epoch_resumes_on_another_number_of_processes(
     assert stopped["epoch"] == 1 and 10 < stopped["global_step"] < 20  # mid-epoch
     assert train(after, *record("resumed"), f"ckpt_path={checkpoint}") == 0
     assert_resumed_exactly(folder)
+
+
+@pytest.mark.slow
+def test_a_run_resumed_with_fewer_loader_workers_sees_the_rest_of_its_epoch(
+    compose_config, tmp_path: Path
+) -> None:
+    """data.num_workers=null gives each process a share of the machine's CPUs, so another
+    number of processes has another number of workers, whose state torchdata refuses."""
+    folder, two_epochs = tmp_path / "run", "trainer.max_epochs=2"
+    first = ["data.num_workers=2", two_epochs, *record("first"), *stop(STOP_AT)]
+    assert train_here(compose_config, folder, *first) == 128 + signal.SIGTERM
+    checkpoint = folder / "checkpoints" / "last.ckpt"
+    then = ["data.num_workers=1", two_epochs, *record("resumed"), f"ckpt_path={checkpoint}"]
+    assert train_here(compose_config, folder, *then) == 0
+    assert_resumed_exactly(folder, epochs=2)
