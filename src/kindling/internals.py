@@ -15,7 +15,7 @@ silently doing nothing.
   `CombinedLoader._load_state_dicts`. Lightning drops the loader state when the loader was made
   before the loops were restored, as a schedule reading `estimated_stepping_batches` makes it
   (Lightning-AI/pytorch-lightning#20550, open fixes #21765, #21770).
-  Tested: tests/test_midepoch_resume.py.
+  Tested: tests/test_midepoch_resume.py, tests/test_resume_world_size.py.
 - Epochs of the on-device loader (`kindling.data.device_loader`): the fit loop calls the
   sampler's `set_epoch` through `lightning.fabric.utilities.data._set_sampler_epoch`, which only
   DataLoaders get publicly; without it every epoch has the first one's order.
@@ -114,11 +114,14 @@ def check_training_loader(trainer: lightning.Trainer) -> None:
 
 
 def continue_training_loader(
-    trainer: lightning.Trainer, states: list[dict], fits: Callable[[object, dict], bool]
+    trainer: lightning.Trainer,
+    states: list[dict],
+    adapt: Callable[[object, dict], dict | None],
 ) -> bool:
-    """Give the training loaders of a resumed fit the checkpoint's `states` (after their
-    epoch, which a sampler's position belongs to) and start a new iterator over them. Where
-    `fits(loader, state)` is false for one of them, change nothing and return False."""
+    """Give the training loaders of a resumed fit the checkpoint's `states`, each as
+    `adapt(loader, state)` gives it (after their epoch, which a sampler's position belongs to),
+    and start a new iterator over them. Where `adapt` gives None for one of them, change
+    nothing and return False."""
     check_sampler_epoch()
     check_training_loader(trainer)
     loop = trainer.fit_loop
@@ -126,11 +129,12 @@ def continue_training_loader(
     if combined is None or fetcher is None:
         return True
     stateful = [loader for loader in combined.flattened if isinstance(loader, _Stateful)]
-    if not all(map(fits, stateful, states)):
+    adapted = list(map(adapt, stateful, states))
+    if any(state is None for state in adapted):
         return False
     for loader in combined.flattened:
         fabric_data._set_sampler_epoch(loader, loop.epoch_progress.current.processed)
-    combined._load_state_dicts(states)
+    combined._load_state_dicts(adapted)
     iter(fetcher)
     return True
 

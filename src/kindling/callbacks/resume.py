@@ -53,7 +53,9 @@ class ResumeExactly(Callback):
     (they read `trainer.estimated_stepping_batches`, Lightning issue 20550); and its iterator is
     made before the epoch is set. So at the start of training the loader gets the epoch, then
     the checkpoint's state, then a new iterator; then the generators get theirs, last, so
-    nothing a resumed run does before its first step draws from them.
+    nothing a resumed run does before its first step draws from them. A DataLoader with another
+    number of workers than the checkpoint's (torchdata refuses its state) gets only its
+    sampler's, the epoch's position.
     """
 
     def __init__(self) -> None:
@@ -78,7 +80,7 @@ class ResumeExactly(Callback):
         if self._loader_states:
             from kindling.internals import continue_training_loader  # a private part of Lightning
 
-            if not continue_training_loader(trainer, self._loader_states, _saved_by_its_kind):
+            if not continue_training_loader(trainer, self._loader_states, _as_loader_takes):
                 rank_zero_info(
                     "The checkpoint's training batches were served another way (from tensors on "
                     "the device, or by a DataLoader; data.on_device=auto decides by the device): "
@@ -90,9 +92,40 @@ class ResumeExactly(Callback):
             self._rng = None
 
 
-def _saved_by_its_kind(loader: object, state: dict[str, Any]) -> bool:
-    """Whether `state` is one `loader` can take: a `DeviceTensorLoader`'s for a
-    `DeviceTensorLoader` (a GPU run's with data.on_device=auto), a DataLoader's for another."""
+def _as_loader_takes(loader: object, state: dict[str, Any]) -> dict[str, Any] | None:
+    """`state` as `loader` takes it; None if a loader of the other kind saved it: a
+    `DeviceTensorLoader`'s for a `DeviceTensorLoader` (a GPU run's with data.on_device=auto), a
+    DataLoader's for another."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
     from kindling.data.device_loader import DeviceTensorLoader
 
-    return isinstance(loader, DeviceTensorLoader) == (state.keys() == {"seed", "epoch", "served"})
+    if isinstance(loader, DeviceTensorLoader) != ({"seed", "epoch"} <= state.keys()):
+        return None
+    sampler = getattr(loader, "sampler", None)
+    if (
+        isinstance(loader, StatefulDataLoader)
+        and _loader_workers(state) != loader.num_workers
+        and _sampler_state(state) is not None
+        and hasattr(sampler, "load_state_dict")
+    ):
+        # torchdata refuses a state of another number of workers, which data.num_workers=null
+        # gives on another number of processes per machine: the sampler alone goes on from the
+        # checkpoint's place (the workers' random draws, augmentation's, start afresh).
+        sampler.load_state_dict(_sampler_state(state))
+        return {}  # nothing more: StatefulDataLoader.load_state_dict({}) changes nothing
+    return state
+
+
+# Where torchdata's StatefulDataLoader keeps what kindling reads of its state: with workers, in
+# the snapshot of its main process (taken every step, torchdata's default).
+def _main_state(state: dict[str, Any]) -> dict[str, Any]:
+    return state["_snapshot"]["_main_snapshot"] if "_snapshot" in state else state
+
+
+def _loader_workers(state: dict[str, Any]) -> int:
+    return _main_state(state).get("_num_workers", 0)
+
+
+def _sampler_state(state: dict[str, Any]) -> dict[str, Any] | None:
+    return (_main_state(state).get("_sampler_iter_state") or {}).get("sampler_state")

@@ -1,6 +1,6 @@
 """Batches of similar lengths: less padding; each epoch still a fair random draw of the set."""
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import torch
 from torch.utils.data import Dataset
@@ -17,6 +17,10 @@ class LengthBucketSampler(ResumableDistributedSampler):
     by length and cut into global batches, whose order is shuffled; each global batch is dealt
     to the processes in turn, so every process gets `batch_size` samples of about one length per
     step. The DataLoader's batches (of `batch_size`) are these, one after another.
+
+    The order depends on the number of processes only through the padding (data.batch_size is
+    global): a run resumed on another number serves exactly the rest of the epoch when the set
+    divides evenly by both.
     """
 
     def __init__(
@@ -34,7 +38,7 @@ class LengthBucketSampler(ResumableDistributedSampler):
         self.batch_size = batch_size
         self.pool_batches = pool_batches
 
-    def epoch_order(self) -> Iterator[int]:
+    def epoch_order(self) -> list[int]:
         generator = torch.Generator().manual_seed(self.seed + self.epoch)
         order = torch.randperm(len(self.lengths), generator=generator)
         order = torch.cat([order, order[: self.total_size - len(order)]])  # an even share each
@@ -49,5 +53,6 @@ class LengthBucketSampler(ResumableDistributedSampler):
         full = [b for b in batches if len(b) == global_batch]
         short = [b for b in batches if len(b) < global_batch]
         shuffled = [full[i] for i in torch.randperm(len(full), generator=generator).tolist()]
-        for batch in [*shuffled, *short]:
-            yield from batch[self.rank :: self.num_replicas].tolist()
+        # Dealt one each in turn, each global batch (a multiple of the processes) gives every
+        # process `batch_size` of its samples.
+        return [index for batch in (*shuffled, *short) for index in batch.tolist()]

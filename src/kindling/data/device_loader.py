@@ -10,6 +10,7 @@ from torch.utils.data import TensorDataset
 
 from kindling import internals
 from kindling.data.in_memory import BatchIndexedTensors
+from kindling.data.loaders import resume_position
 
 
 def fits_on_device(datamodule: L.LightningDataModule, share: float) -> bool:
@@ -57,9 +58,10 @@ class DeviceTensorLoader:
     ranks run the same steps; without (evaluation), every sample is served exactly once and the
     ranks' shares differ by at most one sample.
 
-    Like torchdata's `StatefulDataLoader`, it has a `state_dict` (the epoch and the batches served
-    in it) that Lightning saves in checkpoints: a run resumed mid-epoch serves the rest of that
-    epoch's batches. A saved position applies to its own epoch only.
+    Like torchdata's `StatefulDataLoader`, it has a `state_dict` (the epoch and the samples of it
+    all ranks have consumed) that Lightning saves in checkpoints: a run resumed mid-epoch serves
+    the rest of that epoch's permutation, dealt over the ranks it has, as many as the saving
+    run's or not. A saved position applies to its own epoch only.
     """
 
     def __init__(
@@ -90,18 +92,22 @@ class DeviceTensorLoader:
         size = len(tensors[0])
         # Samples per rank.
         self.num_samples = size // world_size if even_shards else len(range(rank, size, world_size))
-        self.served = 0  # batches of this epoch
-        self._resume_at: tuple[int, int] | None = None  # (epoch, served) of a loaded state
+        self.consumed = 0  # samples of this epoch, all ranks' together
+        self._resume_at: tuple[int, int] | None = None  # (epoch, consumed) of a loaded state
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
     def state_dict(self) -> dict[str, Any]:
-        return {"seed": self.seed, "epoch": self.epoch, "served": self.served}
+        return {"seed": self.seed, "epoch": self.epoch, "consumed": self.consumed}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.seed = state["seed"]
-        self._resume_at = (state["epoch"], state["served"])
+        if "consumed" in state:
+            consumed = state["consumed"]
+        else:  # older checkpoints count this rank's batches: they resume on as many ranks
+            consumed = state["served"] * self.batch_size * self.world_size
+        self._resume_at = (state["epoch"], resume_position(consumed, self.world_size))
 
     def __len__(self) -> int:
         if self.drop_last:
@@ -118,13 +124,16 @@ class DeviceTensorLoader:
             order = torch.randperm(size, device=device, generator=generator)
         else:
             order = torch.arange(size, device=device)
-        mine = order[:total][self.rank :: self.world_size]
-        skip = 0
+        start = 0
         if self._resume_at is not None and self._resume_at[0] == self.epoch:
-            skip = self._resume_at[1]
+            start = self._resume_at[1]
         self._resume_at = None
-        self.served = skip
-        for start in range(skip * self.batch_size, len(self) * self.batch_size, self.batch_size):
-            index = mine[start : start + self.batch_size]
-            self.served += 1
+        self.consumed = start
+        # Dealt one each in turn: after k batches on every rank, the first
+        # start + k * batch_size * world_size of the order are consumed.
+        mine = order[start:total][self.rank :: self.world_size]
+        end = len(mine) - len(mine) % self.batch_size if self.drop_last else len(mine)
+        for first in range(0, end, self.batch_size):
+            index = mine[first : first + self.batch_size]
+            self.consumed += self.batch_size * self.world_size
             yield tuple(t[index] for t in self.tensors)

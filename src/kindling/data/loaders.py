@@ -39,41 +39,63 @@ def default_num_workers(processes_per_node: int) -> int:
     return max(1, cpus // max(1, processes_per_node))
 
 
+def resume_position(consumed: int, world_size: int) -> int:
+    """`consumed`, the samples of an epoch that a checkpoint's processes took together, if the
+    rest of the epoch splits over `world_size` processes as it is dealt (one sample each in
+    turn); they would otherwise run different numbers of steps."""
+    if consumed % world_size:
+        raise UserError(
+            f"The checkpoint stopped {consumed} training samples into its epoch, which does not "
+            f"split evenly over {world_size} processes: resume on a number of processes that "
+            f"divides {consumed}, or from a checkpoint written at the end of an epoch."
+        )
+    return consumed
+
+
 class ResumableDistributedSampler(DistributedSampler):
     """The order of training samples: `DistributedSampler`'s permutation of the epoch (Lightning
     calls `set_epoch`), this process's share of it, and where the epoch stands.
 
-    Its state (seed, epoch, samples served) is what torchdata's `StatefulDataLoader` saves for a
-    sampler, with the loader's workers, in every checkpoint (Lightning's loop state); a run
-    resumed from one serves the rest of that epoch, in the same order. A saved position applies
-    to its own epoch only: a checkpoint written as an epoch ended starts the next one afresh.
+    Its state (seed, epoch, samples consumed by all processes together) is what torchdata's
+    `StatefulDataLoader` saves for a sampler, with the loader's workers, in every checkpoint
+    (Lightning's loop state); a run resumed from one serves the rest of that epoch, in the same
+    order, dealt over the processes it has: the position is the epoch's, not a process's, so a
+    run resumes on another number of processes too. A saved position applies to its own epoch
+    only: a checkpoint written as an epoch ended starts the next one afresh.
     """
 
     def __init__(self, dataset: Dataset, num_replicas: int, rank: int, seed: int):
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed)
-        self.served = 0
-        self._resume_at: tuple[int, int] | None = None  # (epoch, served) of a loaded state
+        self.consumed = 0
+        self._resume_at: tuple[int, int] | None = None  # (epoch, consumed) of a loaded state
 
     def __iter__(self) -> Iterator[int]:
-        skip = 0
+        start = 0
         if self._resume_at is not None and self._resume_at[0] == self.epoch:
-            skip = self._resume_at[1]
+            start = self._resume_at[1]
         self._resume_at = None
-        self.served = skip
-        for index in itertools.islice(self.epoch_order(), skip, None):
-            self.served += 1
+        self.consumed = start
+        # Dealt one each in turn: when every process has served k samples, the processes have
+        # consumed the first start + k * num_replicas of the epoch's order.
+        for index in self.epoch_order()[start + self.rank :: self.num_replicas]:
+            self.consumed += self.num_replicas
             yield index
 
-    def epoch_order(self) -> Iterator[int]:
-        """This process's samples of the epoch, in the order served (a subclass may reorder)."""
-        return super().__iter__()
+    def epoch_order(self) -> list[int]:
+        """The epoch's samples for all processes, in the order dealt: `DistributedSampler`'s
+        permutation, padded as it pads it to `total_size` (a subclass may reorder them)."""
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        order = torch.randperm(len(self.dataset), generator=generator).tolist()
+        return order + list(itertools.islice(itertools.cycle(order), self.total_size - len(order)))
 
     def state_dict(self) -> dict[str, int]:
-        return {"seed": self.seed, "epoch": self.epoch, "served": self.served}
+        return {"seed": self.seed, "epoch": self.epoch, "consumed": self.consumed}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.seed = state["seed"]
-        self._resume_at = (state["epoch"], state["served"])
+        # Older checkpoints count this process's samples: they resume on as many processes.
+        consumed = state["consumed"] if "consumed" in state else state["served"] * self.num_replicas
+        self._resume_at = (state["epoch"], resume_position(consumed, self.num_replicas))
 
 
 class SplitDataModule(L.LightningDataModule):
