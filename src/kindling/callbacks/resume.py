@@ -118,7 +118,10 @@ def _as_loader_takes(loader: object, state: dict[str, Any]) -> dict[str, Any] | 
 
 
 # Where torchdata's StatefulDataLoader keeps what kindling reads of its state: with workers, in
-# the snapshot of its main process (taken every step, torchdata's default).
+# the snapshot of its main process (taken every step, torchdata's default). A private layout,
+# read because torchdata asserts the worker count of a state it loads and offers no public way
+# to take the sampler's part alone (its `_reset_state_vars`, meta-pytorch/data#1260); a changed
+# layout reads as no sampler state, and the loader's state then goes in whole, as before.
 def _main_state(state: dict[str, Any]) -> dict[str, Any]:
     return state["_snapshot"]["_main_snapshot"] if "_snapshot" in state else state
 
