@@ -6,7 +6,7 @@ import json
 import os
 import socket
 import subprocess
-import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -16,7 +16,7 @@ from omegaconf import DictConfig, open_dict
 from omegaconf.errors import InterpolationResolutionError
 
 from kindling.config import checks
-from kindling.run import hydra_ddp, run_folder
+from kindling.run import run_folder
 from kindling.train import run
 
 from conftest import CONFIG_DIR, PYTHON, QUIET, ROOT
@@ -25,11 +25,11 @@ TESTS = Path(__file__).parent
 
 
 def torchrun_env(monkeypatch, *, nodes: int, per_node: int, rank: int = 0) -> None:
-    """What torchrun gives a worker of a launch of `nodes` x `per_node` processes."""
+    """What torchrun (`--rdzv-id=4242`) gives a worker of a launch of `nodes` x `per_node`."""
     for name in ("SLURM_NTASKS", "SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID"):
         monkeypatch.delenv(name, raising=False)
     env = {
-        "TORCHELASTIC_RUN_ID": "none",
+        "TORCHELASTIC_RUN_ID": "4242",
         "TORCHELASTIC_RESTART_COUNT": "0",
         "GROUP_WORLD_SIZE": str(nodes),
         "LOCAL_WORLD_SIZE": str(per_node),
@@ -123,31 +123,24 @@ def test_the_slurm_launcher_needs_a_number_of_gpus() -> None:
         launcher.gpus_per_node  # noqa: B018 - resolving it is the test
 
 
-def test_rank_0_removes_the_handshake_once_the_ranks_have_met(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(run_folder, "_claimed", {})
-    launches = tmp_path / run_folder.LAUNCHES_DIR
-    launches.mkdir()
-    stale, recent = launches / "torchrun-old", launches / "torchrun-recent"
-    for path in (stale, recent):
-        path.write_text("somewhere")
-    two_days_ago = time.time() - 2 * 24 * 3600
-    os.utime(stale, (two_days_ago, two_days_ago))
+def test_the_ranks_of_two_nodes_name_one_run_and_sweep_folder(tmp_path: Path, monkeypatch) -> None:
+    """Each rank names the folders from the run id all nodes share; none writes for the others."""
 
-    torchrun_env(monkeypatch, nodes=2, per_node=1, rank=0)
-    folder = run_folder.run_folder(str(tmp_path), "train")
-    sweep = run_folder.sweep_folder(str(tmp_path), "train")
-    written = sorted(p.name for p in launches.iterdir())
-    assert len(written) == 3 and "torchrun-recent" in written  # the stale one went
-    # The other node's rank reads both, then the ranks meet and the job ends.
-    monkeypatch.setattr(run_folder, "_claimed", {})
-    torchrun_env(monkeypatch, nodes=2, per_node=1, rank=1)
-    assert run_folder.run_folder(str(tmp_path), "train") == folder
-    assert run_folder.sweep_folder(str(tmp_path), "train") == sweep
-    monkeypatch.setattr("torch.distributed.is_initialized", lambda: True)
-    monkeypatch.setattr("torch.distributed.destroy_process_group", lambda: None)
-    with hydra_ddp.job_environment():
-        pass
-    assert [p.name for p in launches.iterdir()] == ["torchrun-recent"]
+    def named_by(rank: int) -> tuple[Path, str]:
+        run_folder.run_folder.cache_clear()  # each rank is a process of its own
+        run_folder.sweep_folder.cache_clear()
+        torchrun_env(monkeypatch, nodes=2, per_node=1, rank=rank)
+        return run_folder.run_folder(str(tmp_path), "train"), run_folder.sweep_folder(
+            str(tmp_path), "train"
+        )
+
+    runs, sweep = named_by(1)  # node 1's rank may start first: it waits for no one
+    assert named_by(0) == (runs, sweep)
+    assert runs == tmp_path / "train" / "runs" / "torchrun-4242"
+    assert sweep == str(tmp_path / "train" / "multiruns" / "torchrun-4242")
+    assert not any(tmp_path.iterdir())
+    run_folder.run_folder.cache_clear()
+    run_folder.sweep_folder.cache_clear()
 
 
 def free_port() -> int:
@@ -163,12 +156,12 @@ def test_two_nodes_of_torchrun_share_one_run_folder_and_split_the_data(tmp_path:
     The data is split by global rank, whatever the nodes: Lightning's DistributedSampler for
     training (image folders too), kindling's for evaluation; so the digits stand for every
     data set here (an image folder's two-process run is in test_image_folder.py)."""
-    port = free_port()
+    port, launch = free_port(), str(uuid.uuid4())  # the id every node of this launch shares
     path = os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
     torchrun = [*PYTHON, "-m", "torch.distributed.run"]
     command = [
-        "--nnodes=2", "--nproc_per_node=1",
+        "--nnodes=2", "--nproc_per_node=1", f"--rdzv-id={launch}",
         "--master_addr=127.0.0.1", f"--master_port={port}", str(ROOT / "train.py"),
         "trainer.accelerator=cpu", "trainer.devices=1", "trainer.num_nodes=2",
         "trainer.max_epochs=1", "trainer.limit_train_batches=4", "trainer.limit_val_batches=2",
@@ -187,6 +180,7 @@ def test_two_nodes_of_torchrun_share_one_run_folder_and_split_the_data(tmp_path:
         assert node.returncode == 0, output[-4000:]
 
     (run_dir,) = (tmp_path / "logs" / "train" / "runs").iterdir()
+    assert run_dir.name == f"torchrun-{launch}"
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [
         "epoch_000.ckpt", "last.ckpt"
     ]  # fmt: skip
@@ -198,4 +192,4 @@ def test_two_nodes_of_torchrun_share_one_run_folder_and_split_the_data(tmp_path:
     seen = [set(json.loads((run_dir / f"samples_rank{r}.json").read_text())) for r in (0, 1)]
     assert len(seen[0]) == len(seen[1]) == 64
     assert not seen[0] & seen[1]
-    assert list((tmp_path / "logs" / run_folder.LAUNCHES_DIR).iterdir()) == []
+    assert [p.name for p in (tmp_path / "logs").iterdir()] == ["train"]  # nothing else written

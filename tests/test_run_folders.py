@@ -3,8 +3,10 @@
 import re
 import subprocess
 import sys
-import threading
 import time
+import uuid
+from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -20,137 +22,153 @@ from kindling.train import run
 from conftest import CONFIG_DIR, PYTHON, QUIET, copy_run, error_lines, start_train_py
 
 LAUNCHER_VARIABLES = [
-    "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "RANK", "GROUP_WORLD_SIZE",
-    "MASTER_ADDR", "MASTER_PORT", "SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID",
-    "SLURM_STEP_ID", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_RESTART_COUNT",
+    "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "RANK", "WORLD_SIZE", "SLURM_JOB_ID",
+    "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_STEP_ID", "SLURM_STEP_NUM_TASKS",
+    "SLURM_PROCID", "SLURM_RESTART_COUNT",
 ]  # fmt: skip
 
 
-@pytest.fixture(autouse=True)
-def no_launcher(monkeypatch) -> None:
-    """A plain process, whatever launched pytest; and no folder claimed by an earlier test."""
+def new_process(monkeypatch) -> None:
+    """A process just started: the launcher's variables alone, and no folder named yet."""
     for name in LAUNCHER_VARIABLES:
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(run_folder, "_claimed", {})
+    run_folder.run_folder.cache_clear()
+    run_folder.sweep_folder.cache_clear()
 
 
-def new_process(monkeypatch) -> None:
-    """What run_folder sees in another process: nothing claimed yet."""
-    monkeypatch.setattr(run_folder, "_claimed", {})
+@pytest.fixture(autouse=True)
+def no_launcher(monkeypatch) -> Iterator[None]:
+    """A plain process, whatever launched pytest; the next test names its folders anew."""
+    new_process(monkeypatch)
+    yield
+    new_process(monkeypatch)
 
 
-def test_the_stamp_has_milliseconds() -> None:
-    assert re.fullmatch(r"\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d\.\d{3}", run_folder.run_stamp())
+def test_runs_started_by_hand_in_the_same_second_get_a_folder_each(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Nothing claims the name: its random part sets apart runs that start in the same second
+    (a shell loop, several machines writing one log folder)."""
+
+    class SameSecond(datetime):
+        @classmethod
+        def now(cls, tz=None) -> datetime:
+            return cls(2026, 1, 1, 12, 0, 0, 123456)
+
+    monkeypatch.setattr(run_folder, "datetime", SameSecond)
+    folders, sweeps = set(), set()
+    for _ in range(100):
+        new_process(monkeypatch)
+        folders.add(run_folder.run_folder(str(tmp_path), "train"))
+        sweeps.add(run_folder.sweep_folder(str(tmp_path), "train"))
+    assert len(folders) == len(sweeps) == 100
+    assert all(re.fullmatch(r"2026-01-01_12-00-00_[0-9a-f]{8}", f.name) for f in folders)
+    assert {f.parent for f in folders} == {tmp_path / "train" / "runs"}
+    assert not any(tmp_path.iterdir())  # named, not made: Hydra makes the one it runs in
 
 
-def test_runs_claiming_one_name_at_once_get_a_folder_each(tmp_path: Path) -> None:
-    """16 runs started in the same millisecond: mkdir has one winner, the others take -1, -2..."""
-    claimed: list[Path] = []
-    start = threading.Barrier(16)
-
-    def claim() -> None:
-        start.wait()
-        claimed.append(run_folder.claim_folder(tmp_path / "runs", "2026-01-01_00-00-00.000"))
-
-    threads = [threading.Thread(target=claim) for _ in range(16)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert len(set(claimed)) == 16
-    assert all(folder.is_dir() for folder in claimed)
-    assert {f.name for f in claimed} == {"2026-01-01_00-00-00.000"} | {
-        f"2026-01-01_00-00-00.000-{n}" for n in range(1, 16)
-    }
-
-
-def torchrun_rank(monkeypatch, rank: int, *, agent_pid: int, restart: int = 0) -> None:
-    """The environment torchrun gives a worker (static rendezvous, the default run id)."""
+def torchrun_rank(monkeypatch, rank: int, run_id: str, *, restart: int = 0) -> None:
+    """What torchrun gives worker `rank` of a launch of 2 (LocalElasticAgent._start_workers)."""
     new_process(monkeypatch)
     env = {
-        "TORCHELASTIC_RUN_ID": "none",
+        "TORCHELASTIC_RUN_ID": run_id,
         "TORCHELASTIC_RESTART_COUNT": str(restart),
         "RANK": str(rank),
-        "GROUP_WORLD_SIZE": "1",
+        "WORLD_SIZE": "2",
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": "29500",
     }
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    monkeypatch.setattr("os.getppid", lambda: agent_pid)
 
 
-def test_torchrun_ranks_share_the_folder_and_later_launches_do_not(
-    tmp_path: Path, monkeypatch
-) -> None:
-    log_dir = str(tmp_path)
-    torchrun_rank(monkeypatch, 0, agent_pid=1000)
-    first = run_folder.run_folder(log_dir, "train")
-    torchrun_rank(monkeypatch, 1, agent_pid=1000)
-    assert run_folder.run_folder(log_dir, "train") == first
+def test_torchrun_ranks_name_one_folder_each_launch_its_own(tmp_path: Path, monkeypatch) -> None:
+    launch = str(uuid.uuid4())  # what --standalone gives
+    # Rank 1 may start first: it names the folder at once, waiting for no other rank.
+    torchrun_rank(monkeypatch, 1, launch)
+    folder = run_folder.run_folder(str(tmp_path), "train")
+    sweep = run_folder.sweep_folder(str(tmp_path), "train")
+    torchrun_rank(monkeypatch, 0, launch)
+    assert run_folder.run_folder(str(tmp_path), "train") == folder
+    assert run_folder.sweep_folder(str(tmp_path), "train") == sweep
+    assert folder == tmp_path / "train" / "runs" / f"torchrun-{launch}"
+    assert sweep == str(tmp_path / "train" / "multiruns" / f"torchrun-{launch}")
+    assert not any(tmp_path.iterdir())  # no rank left anything for another to read
 
-    # The same command again: the same run id, address and port, another torchrun agent. Its
-    # rank 1 may start before its rank 0 has named the folder: it must wait, not take the
-    # folder the first launch left behind.
-    torchrun_rank(monkeypatch, 1, agent_pid=2000)
-    with pytest.raises(TimeoutError):
-        run_folder.run_folder(log_dir, "train", timeout_s=0.2)
-    torchrun_rank(monkeypatch, 0, agent_pid=2000)
-    second = run_folder.run_folder(log_dir, "train")
-    torchrun_rank(monkeypatch, 1, agent_pid=2000)
-    assert run_folder.run_folder(log_dir, "train") == second != first
+    torchrun_rank(monkeypatch, 0, str(uuid.uuid4()))  # the same command again
+    assert run_folder.run_folder(str(tmp_path), "train") != folder
+    torchrun_rank(monkeypatch, 1, launch, restart=1)  # torchrun restarting its workers
+    assert run_folder.run_folder(str(tmp_path), "train").name == f"torchrun-{launch}-1"
 
-    # torchrun restarting its workers (--max-restarts) is a new launch too.
-    torchrun_rank(monkeypatch, 1, agent_pid=2000, restart=1)
-    with pytest.raises(TimeoutError):
-        run_folder.run_folder(log_dir, "train", timeout_s=0.2)
+
+def test_torchrun_without_a_run_id_of_its_own_is_refused(tmp_path: Path, monkeypatch) -> None:
+    """`--master-port` or `--nnodes=2` without `--rdzv-id`: every launch has the id `none`."""
+    torchrun_rank(monkeypatch, 0, "none")
+    with pytest.raises(UserError, match=r"--standalone on one node, or --rdzv-id="):
+        run_folder.run_folder(str(tmp_path), "train")
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")  # inside a SLURM job, the job names it
+    assert run_folder.run_folder(str(tmp_path), "train").name == "slurm-4242"
 
 
 def slurm_task(monkeypatch, argv: list[str], *, restart: int = 0, **env: str) -> None:
+    """A process of SLURM job 4242 (the environment srun, or sbatch, gives it) running `argv`."""
     new_process(monkeypatch)
-    for name in LAUNCHER_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
-    monkeypatch.setenv("SLURM_RESTART_COUNT", str(restart))
+    if restart:  # SLURM sets it from the first requeue on
+        monkeypatch.setenv("SLURM_RESTART_COUNT", str(restart))
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setattr(sys, "argv", ["train.py", *argv])
 
 
-def test_slurm_runs_get_a_folder_each_and_a_requeued_job_finds_its_own(
+def test_srun_tasks_name_one_folder_and_a_requeued_job_takes_it_back(
     tmp_path: Path, monkeypatch
 ) -> None:
+    def folders(rank: int, restart: int = 0) -> tuple[Path, str]:
+        step = {"SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "2", "SLURM_PROCID": str(rank)}
+        slurm_task(monkeypatch, ["trainer.devices=2"], restart=restart, **step)
+        log_dir = str(tmp_path)
+        return run_folder.run_folder(log_dir, "train"), run_folder.sweep_folder(log_dir, "train")
+
+    first = folders(1)  # task 1 may start first: it waits for no other task
+    assert first == (tmp_path / "train" / "runs" / "slurm-4242.0",
+                     str(tmp_path / "train" / "multiruns" / "slurm-4242.0"))  # fmt: skip
+    assert folders(0) == first
+    # Requeued (scontrol requeue, or kindling at a time limit): the same job id, started again.
+    assert folders(0, restart=1) == folders(1, restart=1) == first
+    assert folders(1, restart=2) == folders(0, restart=2) == first
+
+
+def test_runs_in_one_slurm_job_step_get_a_folder_each_and_take_them_back_when_requeued(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A batch script that trains, then tests, or a shell inside an allocation, starts several
+    runs under one name: the claim sets them apart, by command line and in order."""
+
     def folder(argv: list[str], **env) -> str:
         slurm_task(monkeypatch, argv, **env)
         return run_folder.run_folder(str(tmp_path), "train").name
 
+    def torchrun(argv: list[str], rank: int, **env) -> str:  # torchrun in the batch script
+        launch = {"TORCHELASTIC_RUN_ID": "none", "RANK": str(rank), "WORLD_SIZE": "2"}
+        return folder(argv, **launch, **env)
+
     assert folder(["model=cnn"], SLURM_STEP_ID="0") == "slurm-4242.0"
     assert folder(["model=cnn"], SLURM_STEP_ID="1") == "slurm-4242.1"  # another srun step
-    # Runs started side by side in one step (`python train.py ... &`): a folder each.
+    # Runs in the batch script itself, one after the other or side by side: a folder each.
     assert folder(["model=lstm"]) == "slurm-4242"
     assert folder(["model=cnn"]) == "slurm-4242-1"
     assert folder(["model=cnn"]) == "slurm-4242-2"
+    assert torchrun(["model=cnn"], 1) == torchrun(["model=cnn"], 0) == "slurm-4242-3"
     # The job requeued: each command line takes back a folder it had, with its checkpoints.
     assert folder(["model=cnn"], restart=1) == "slurm-4242-1"
     assert folder(["model=lstm"], restart=1) == "slurm-4242"
+    assert torchrun(["model=cnn"], 1, restart=1) == "slurm-4242-3"
+    assert torchrun(["model=cnn"], 0, restart=1) == "slurm-4242-3"
     assert folder(["model=cnn"], restart=1) == "slurm-4242-2"
     assert folder(["model=cnn"], restart=1, SLURM_STEP_ID="0") == "slurm-4242.0"
     slurm_task(monkeypatch, [], SLURM_ARRAY_JOB_ID="4200", SLURM_ARRAY_TASK_ID="3")
     assert run_folder.slurm_name() == "slurm-4200_3"
-
-
-def test_srun_ranks_share_the_folder_rank_0_claims(tmp_path: Path, monkeypatch) -> None:
-    tasks = {"SLURM_STEP_ID": "0", "SLURM_NTASKS": "2"}
-    slurm_task(monkeypatch, ["trainer.devices=2"], SLURM_PROCID="1", **tasks)
-    with pytest.raises(TimeoutError):  # rank 1 waits for rank 0
-        run_folder.run_folder(str(tmp_path), "train", timeout_s=0.2)
-    slurm_task(monkeypatch, ["trainer.devices=2"], SLURM_PROCID="0", **tasks)
-    first = run_folder.run_folder(str(tmp_path), "train")
-    slurm_task(monkeypatch, ["trainer.devices=2"], SLURM_PROCID="1", **tasks)
-    assert run_folder.run_folder(str(tmp_path), "train") == first
-    slurm_task(monkeypatch, ["trainer.devices=2"], SLURM_PROCID="1", restart=1, **tasks)
-    with pytest.raises(TimeoutError):  # the requeued job's rank 1 waits for its own rank 0
-        run_folder.run_folder(str(tmp_path), "train", timeout_s=0.2)
 
 
 def composed(*overrides: str):
@@ -161,16 +179,16 @@ def composed(*overrides: str):
     return cfg
 
 
-def test_the_composed_config_claims_run_and_sweep_folders(tmp_path: Path, monkeypatch) -> None:
+def test_the_composed_config_names_run_and_sweep_folders(tmp_path: Path, monkeypatch) -> None:
     cfg = composed(f"paths.log_dir={tmp_path}")
     run_dir = Path(OmegaConf.select(cfg, "hydra.run.dir"))
-    assert run_dir.parent == tmp_path / "train" / "runs" and run_dir.is_dir()
-    assert OmegaConf.select(cfg, "hydra.run.dir") == str(run_dir)  # claimed once
+    assert run_dir.parent == tmp_path / "train" / "runs"
+    assert OmegaConf.select(cfg, "hydra.run.dir") == str(run_dir)  # named once
     sweep_dir = Path(OmegaConf.select(cfg, "hydra.sweep.dir"))
-    assert sweep_dir.parent == tmp_path / "train" / "multiruns" and sweep_dir.is_dir()
+    assert sweep_dir.parent == tmp_path / "train" / "multiruns"
 
-    monkeypatch.setenv("SLURM_JOB_ID", "777")
     new_process(monkeypatch)
+    monkeypatch.setenv("SLURM_JOB_ID", "777")
     cfg = composed(f"paths.log_dir={tmp_path}", "hydra/launcher=slurm")
     assert OmegaConf.select(cfg, "hydra.run.dir") == str(tmp_path / "train" / "runs" / "slurm-777")
     assert cfg.hydra.launcher._target_.endswith("SlurmLauncher")

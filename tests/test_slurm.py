@@ -4,6 +4,7 @@ SLURM starts, and the jobs `hydra/launcher=slurm` submits."""
 import csv
 import json
 import os
+import shlex
 import subprocess
 import textwrap
 import time
@@ -63,6 +64,41 @@ def test_the_cluster_starts_two_tasks_of_one_step(slurm_cluster: Cluster) -> Non
         "SLURM_PROCID",
     )
     assert sorted(output.split()) == ["0", "1"]
+
+
+NAME_THE_RUN_FOLDER = (
+    "import sys; from kindling.run.run_folder import run_folder; "
+    "print(run_folder(sys.argv[1], 'train').name)"
+)
+
+
+@pytest.mark.slow
+def test_a_jobs_tasks_name_one_run_folder_and_take_it_back_when_requeued(
+    slurm_cluster: Cluster, tmp_path: Path
+) -> None:
+    """In what sbatch and srun really set: both tasks of a step name one folder, each run of the
+    batch script its own, and the job requeued (a new start, the same job id) the same again."""
+    name = shlex.join([*PYTHON, "-c", NAME_THE_RUN_FOLDER, str(tmp_path)])
+    names = tmp_path / "names"
+    script = tmp_path / "job.sh"
+    script.write_text(
+        textwrap.dedent(f"""\
+        #!/bin/bash
+        #SBATCH --ntasks=2 --cpus-per-task=1 --mem=200M --requeue --output={tmp_path}/job.out
+        start=${{SLURM_RESTART_COUNT:-0}}
+        srun {name} | sed "s/^/$start /" >> {names}
+        {name} | sed "s/^/$start /" >> {names}
+        {name} | sed "s/^/$start /" >> {names}
+        if [ $start = 0 ]; then scontrol requeue $SLURM_JOB_ID; sleep 300; fi
+    """)
+    )
+    job = slurm_cluster.run("sbatch", "--parsable", str(script)).strip()
+    deadline = time.monotonic() + 120
+    while len(names.read_text().splitlines() if names.exists() else []) < 8:
+        assert time.monotonic() < deadline, (tmp_path / "job.out").read_text()
+        time.sleep(0.2)
+    each_start = [f"slurm-{job}.0", f"slurm-{job}.0", f"slurm-{job}", f"slurm-{job}-1"]
+    assert names.read_text().splitlines() == [f"{n} {f}" for n in (0, 1) for f in each_start]
 
 
 @pytest.mark.slow

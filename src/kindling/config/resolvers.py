@@ -1,7 +1,7 @@
 """The resolvers the configs use (`${name:...}`), registered when this module is imported.
 
-Each computes a value from its arguments; `run_stamp` and `sweep_dir` also claim the folder they
-name, once per process (cached, like Hydra's own `now`).
+Each computes a value from its arguments; `run_stamp` and `sweep_dir` name a new folder, once per
+config (cached, like Hydra's own `now`).
 """
 
 from typing import Any
@@ -69,8 +69,8 @@ def gpu_count(accelerator: Any, devices: Any) -> int | None:
     return device_count(devices) if accelerator in ("gpu", "cuda", "auto") else None
 
 
-# Each run and multirun claims a folder of its own (configs/hydra/default.yaml,
-# kindling/run/run_folder.py); cached, like Hydra's own `now`, so a folder is claimed once.
+# Each run and multirun gets a folder of its own (configs/hydra/default.yaml,
+# kindling/run/run_folder.py); cached, like Hydra's own `now`, so it is named once.
 OmegaConf.register_new_resolver("run_stamp", run_folder.run_stamp, use_cache=True, replace=True)
 OmegaConf.register_new_resolver("sweep_dir", run_folder.sweep_folder, use_cache=True, replace=True)
 # Resumed training continues in its checkpoint's run folder (kindling/run/resumed.py).

@@ -8,8 +8,7 @@ outside and never starts them.
 
 `child_rank_command` starts each extra rank as a single run of this job: the job's own overrides
 (never the sweep), the job's own folder, no config of its own written. `job_environment`
-restores the environment and tears down the process group after every job, and removes the
-handshake files of a torchrun or srun launch (`run_folder.py`) once all its ranks have met.
+restores the environment and tears down the process group after every job.
 """
 
 import os
@@ -20,8 +19,6 @@ from contextlib import contextmanager
 import torch.distributed
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import get_original_cwd, to_absolute_path
-
-from kindling.run import run_folder
 
 # What Lightning's launcher writes into os.environ of the launching process.
 _LAUNCHER_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")
@@ -66,11 +63,7 @@ def job_environment() -> Iterator[None]:
     try:
         yield
     finally:
-        joined = torch.distributed.is_available() and torch.distributed.is_initialized()
-        if joined or os.environ.get("WORLD_SIZE", "1") == "1":
-            # Every rank of this launch has read the run folder's handshake: rank 0 removes it.
-            run_folder.release_handshakes()
-        if joined:
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
         for name, value in saved.items():
             if value is None:

@@ -68,21 +68,18 @@ def run_dir(log_dir: str, task_name: str, *, _root_: Any) -> str:
     return str(folder or run_folder.run_folder(log_dir, task_name))
 
 
-# The `.hydra/resumed_<stamp>` folder this process claimed in each run folder it resumes.
-_claimed_records: dict[Path, str] = {}
+# The `.hydra/resumed_<stamp>` folder of this process in each run folder it resumes.
+_records: dict[Path, str] = {}
 
 
 def hydra_subdir(stamp: str, *, _root_: Any) -> str:
     """Where Hydra writes the run's config: `.hydra`, or `.hydra/resumed_<stamp>` when resuming in
-    an existing run folder, so the first run's config is never overwritten. Claimed (`-1`, ...
-    when another resume started in the same millisecond), so it is this process's alone."""
+    an existing run folder, so the first run's config is never overwritten. The stamp's random
+    suffix makes it this process's alone, whenever another resume started."""
     folder = resume_folder(_root_)
     if folder is None:
         return ".hydra"
-    if folder not in _claimed_records:
-        claimed = run_folder.claim_folder(folder / ".hydra", f"resumed_{stamp}")
-        _claimed_records[folder] = f".hydra/{claimed.name}"
-    return _claimed_records[folder]
+    return _records.setdefault(folder, f".hydra/resumed_{stamp}")
 
 
 def record_dir(output_dir: str | Path) -> Path:

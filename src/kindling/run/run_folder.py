@@ -1,102 +1,63 @@
-"""Run folders: one per run, made atomically, shared by all the ranks of one launch.
+"""Run folders: one per run, named from what every process of its launch already knows.
 
-Runs started in the same instant (a shell loop, a job array, several multiruns) must never share
-a folder, so a folder is claimed with `mkdir`, which exactly one process wins: the others take
-the next name (`<stamp>-1`, `<stamp>-2`, ...). The ranks of one multi-process launch must all use
-the folder their rank 0 claimed:
+No process waits for another to learn the name:
 
-- Lightning's own DDP launcher passes it to ranks 1..N-1 as `hydra.run.dir=` (`hydra_ddp.py`).
-- `torchrun` and `srun` start every rank as a separate `python train.py`: rank 0 claims the folder
-  and writes its path into `<log_dir>/.launches/<launch id>`, where the other ranks read it. The
-  launch id is made of what the launcher gives every rank of this launch and no other launch
-  (`launch_id`), so a file left by an earlier launch never names a later run's folder. A multirun
-  shares its sweep folder the same way. Rank 0 removes the file once every rank has joined the
-  process group (so has read it: `release_handshakes`), and files a day old when it writes one.
-- Under SLURM the folder is named after the job, `slurm-<job id>[_<array task>][.<step>]`, and a
-  requeued job (same job, a higher SLURM_RESTART_COUNT, the same command line) takes its folder
-  back, with the `hpc_ckpt_*.ckpt` Lightning saved there before the job was stopped. Other runs in
-  the same allocation with that name get `-1`, `-2`, ...
+- Started by hand: the date and time and a random suffix, `2026-11-23_14-35-30_3fa2c1d0`, so runs
+  started in the same second never share a folder. When Lightning starts ranks 1..N-1 itself, it
+  hands them rank 0's folder as `hydra.run.dir=` (`hydra_ddp.py`).
+- torchrun: `torchrun-<run id>`, the id torchrun gives every rank of a launch (`--rdzv-id`; a fresh
+  uuid with `--standalone`, and in recent torch on one node without `--master-port`), `-<n>` after
+  the n-th restart of its workers. Without an id (`none`) the ranks share nothing that sets this
+  launch apart from the last one: the run stops and says how to give one.
+- SLURM (first, also under torchrun): `slurm-<job id>[_<array task>][.<step>]`, the same in every
+  task and in every start of a requeued job, which so takes back its folder and the
+  `hpc_ckpt_*.ckpt` Lightning saved there. Several runs in one job step (a script that trains, then
+  tests; a shell inside an allocation) would share that name: each run takes the first folder of
+  that name (`-1`, `-2`, ...) that belongs to its own command line and that this process's rank
+  has not taken yet in this start of the job. Every rank goes through the same folders in the
+  same order, so the ranks of a run come to the same one, each on its own.
 """
 
+import contextlib
+import functools
 import hashlib
 import itertools
 import os
+import secrets
 import shlex
-import socket
 import sys
-import time
-import uuid
-from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
-from kindling.files import write_atomically
+from kindling.config.errors import UserError
 
-# Where rank 0 of a torchrun or srun launch leaves the path of its run folder for the other ranks.
-LAUNCHES_DIR = ".launches"
-# A handshake this old is left by a launch that failed before its ranks met: no rank still waits.
-STALE_HANDSHAKE_S = 24 * 3600
-# Inside a SLURM run folder: who owns it (command line, and one entry per restart of the job).
+# Inside a SLURM run folder: whose it is (command line) and which ranks took it in which start.
 SLURM_OWNER_DIR = ".slurm"
-
-# Folders this process claimed, so that resolving the same config key twice claims once.
-_claimed: dict[tuple[str, str], Path] = {}
-# The handshake files this process (rank 0 of its launch) wrote.
-_published: list[Path] = []
 
 
 def run_stamp() -> str:
-    """The date and time to the millisecond: `2026-11-23_14-35-30.123`."""
-    now = datetime.now()
-    return f"{now:%Y-%m-%d_%H-%M-%S}.{now.microsecond // 1000:03d}"
+    """The date and time and a random suffix, `2026-11-23_14-35-30_3fa2c1d0`: unique on its own."""
+    return f"{datetime.now():%Y-%m-%d_%H-%M-%S}_{secrets.token_hex(4)}"
 
 
-def claim_folder(parent: Path, name: str) -> Path:
-    """Create `parent/name`, or `name-1`, `name-2`, ... if taken: `mkdir` has exactly one winner."""
-    parent.mkdir(parents=True, exist_ok=True)
-    for n in itertools.count():
-        folder = parent / (name if n == 0 else f"{name}-{n}")
-        try:
-            folder.mkdir()
-            return folder
-        except FileExistsError:
-            continue
-    raise AssertionError("unreachable")
+@functools.cache  # one folder per process, however often the config is resolved
+def run_folder(log_dir: str, task_name: str) -> Path:
+    """The folder of a new run, `<log_dir>/<task_name>/runs/<name>`, the same in all its ranks."""
+    return _new_folder(Path(log_dir) / task_name / "runs")
 
 
-def claim_slurm_folder(parent: Path, name: str) -> Path:
-    """Like `claim_folder`, but a requeued job takes back the folder of its first start.
-
-    A folder belongs to one command line; each start of the job (SLURM_RESTART_COUNT) claims one
-    folder of its command line, the first it has not claimed yet.
-    """
-    command = shlex.join(sys.argv[1:])
-    restart = os.environ.get("SLURM_RESTART_COUNT", "0")
-    for n in itertools.count():
-        folder = parent / (name if n == 0 else f"{name}-{n}")
-        owner = folder / SLURM_OWNER_DIR
-        owner.mkdir(parents=True, exist_ok=True)
-        if _publish(owner / "command", command) != command:
-            continue
-        try:
-            (owner / f"restart-{restart}").mkdir()
-            return folder
-        except FileExistsError:  # another run of this command in this start of the job
-            continue
-    raise AssertionError("unreachable")
+@functools.cache
+def sweep_folder(log_dir: str, task_name: str) -> str:
+    """The folder of a new multirun, `<log_dir>/<task_name>/multiruns/<name>`: its jobs are its
+    numbered sub-folders. Named as `run_folder` names a run's."""
+    return str(_new_folder(Path(log_dir) / task_name / "multiruns"))
 
 
-def _publish(path: Path, text: str) -> str:
-    """Write `text` to `path` unless it exists (atomically, whole); return what `path` holds."""
-    partial = path.with_name(f"{path.name}.{uuid.uuid4().hex}")
-    partial.write_text(text)
-    try:
-        os.link(partial, path)  # fails if `path` exists: never half a file, never overwritten
-        return text
-    except FileExistsError:
-        return path.read_text()
-    finally:
-        partial.unlink()
+def _new_folder(parent: Path) -> Path:
+    name = slurm_name()
+    if name is not None:
+        return claim_slurm_folder(parent, name)
+    return parent / (torchrun_name() or run_stamp())
 
 
 def slurm_name() -> str | None:
@@ -112,109 +73,55 @@ def slurm_name() -> str | None:
     return name
 
 
+def torchrun_name() -> str | None:
+    """`torchrun-<run id>[-<restart>]` in a process torchrun started, else None."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    if run_id is None:
+        return None
+    if run_id == "none":  # torchrun's default id, the same in every launch
+        raise UserError(
+            "torchrun started this run without an id of its own (--rdzv-id), so its processes "
+            "cannot name one run folder. Give each launch its own: torchrun --standalone on one "
+            "node, or --rdzv-id=<a new id, e.g. the job id> on every node."
+        )
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return f"torchrun-{run_id}" + (f"-{restart}" if restart != "0" else "")
+
+
 def launch_rank() -> int:
     """This process's rank in its launch: torchrun's RANK, srun's SLURM_PROCID, else 0."""
-    if "TORCHELASTIC_RUN_ID" in os.environ:
-        return int(os.environ.get("RANK", "0"))
-    if slurm_name() is not None:
-        return int(os.environ.get("SLURM_PROCID", "0"))
-    return 0
+    return _launch()[0]
 
 
-def launch_id() -> str | None:
-    """What every rank of this launch shares and no other launch has; None for a lone process.
-
-    torchrun gives each rank the run id (`--rdzv-id`: the same, `none`, in every launch unless set;
-    a fresh uuid with `--standalone`), the rendezvous address and port (fixed with static
-    rendezvous) and the restart count. On one node all ranks are also children of one torchrun
-    agent, whose process id sets this launch apart from earlier ones. On several nodes the run id
-    must do that: give it the job id, as torchrun's documentation asks (`--rdzv-id=$JOB_ID`).
-    Under srun: the job, array task, step and restart count.
-    """
+def _launch() -> tuple[int, int]:
+    """This process's rank and the number of processes of its launch (torchrun's or srun's)."""
     env = os.environ
     if "TORCHELASTIC_RUN_ID" in env:
-        parts = [
-            "torchrun",
-            env["TORCHELASTIC_RUN_ID"],
-            env.get("MASTER_ADDR", ""),
-            env.get("MASTER_PORT", ""),
-            env.get("TORCHELASTIC_RESTART_COUNT", "0"),
-        ]
-        if env.get("GROUP_WORLD_SIZE", "1") == "1":
-            parts += [socket.gethostname(), str(os.getppid())]
-    elif slurm_name() is not None and int(env.get("SLURM_NTASKS", "1")) > 1:
-        parts = ["srun", slurm_name(), env.get("SLURM_RESTART_COUNT", "0")]
-    else:
-        return None
-    return f"{parts[0]}-{hashlib.sha256(chr(0).join(parts).encode()).hexdigest()[:16]}"
+        return int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1"))
+    if "SLURM_STEP_ID" in env:  # a task of `srun`; a batch script's own processes are lone
+        return int(env.get("SLURM_PROCID", "0")), int(env.get("SLURM_STEP_NUM_TASKS", "1"))
+    return 0, 1
 
 
-def run_folder(log_dir: str, task_name: str, timeout_s: float = 120.0) -> Path:
-    """The folder of a new run, `<log_dir>/<task_name>/runs/<name>`, the same in all its ranks.
-
-    Rank 0 claims it (the name is the SLURM job's, or the date and time); the other ranks of a
-    torchrun or srun launch wait for rank 0 to name it. Claimed once per process.
-    """
-
-    def claim() -> Path:
-        runs = Path(log_dir) / task_name / "runs"
-        name = slurm_name()
-        return claim_slurm_folder(runs, name) if name else claim_folder(runs, run_stamp())
-
-    return _claim_once(log_dir, task_name, "", claim, timeout_s)
-
-
-def sweep_folder(log_dir: str, task_name: str, timeout_s: float = 120.0) -> str:
-    """The folder of a new multirun, `<log_dir>/<task_name>/multiruns/<date>_<time>`: its jobs
-    are its numbered sub-folders. Shared by the ranks of a launch, as `run_folder` is."""
-
-    def claim() -> Path:
-        return claim_folder(Path(log_dir) / task_name / "multiruns", run_stamp())
-
-    return str(_claim_once(log_dir, f"{task_name}/multiruns", "-multirun", claim, timeout_s))
-
-
-def _claim_once(
-    log_dir: str, what: str, suffix: str, claim: Callable[[], Path], timeout_s: float
-) -> Path:
-    """`claim()` in rank 0 of a launch, whose other ranks read the result from a handshake."""
-    key = (log_dir, what)
-    if key not in _claimed:
-        launch = launch_id()
-        handshake = Path(log_dir) / LAUNCHES_DIR / f"{launch}{suffix}" if launch else None
-        if handshake is not None and launch_rank() != 0:
-            _claimed[key] = Path(_wait_for(handshake, timeout_s))
-        else:
-            folder = claim()
-            if handshake is not None:
-                _publish_handshake(handshake, folder)
-            _claimed[key] = folder
-    return _claimed[key]
-
-
-def _publish_handshake(handshake: Path, folder: Path) -> None:
-    # Readers never see half a path.
-    write_atomically(handshake, lambda file: file.write(str(folder).encode()))
-    _published.append(handshake)
-    for old in handshake.parent.iterdir():
+def claim_slurm_folder(parent: Path, name: str) -> Path:
+    """`parent/name`, or `name-1`, `name-2`, ...: the first of its command line (and number of
+    processes) that this rank has not taken in this start of the job (SLURM_RESTART_COUNT)."""
+    rank, processes = _launch()
+    command = f"{processes} x {shlex.join(sys.argv[1:])}"
+    owner_id = hashlib.sha256(command.encode()).hexdigest()[:16]
+    taken = f"start-{os.environ.get('SLURM_RESTART_COUNT', '0')}.rank-{rank}"
+    for n in itertools.count():
+        folder = parent / (name if n == 0 else f"{name}-{n}")
+        owner = folder / SLURM_OWNER_DIR
+        owner.mkdir(parents=True, exist_ok=True)
+        # A link is made whole or not at all, by one process: the first command owns the folder.
+        with contextlib.suppress(FileExistsError):
+            os.symlink(owner_id, owner / "command")
+        if os.readlink(owner / "command") != owner_id:
+            continue
         try:
-            if time.time() - old.stat().st_mtime > STALE_HANDSHAKE_S:
-                old.unlink()
-        except FileNotFoundError:  # another launch removed it first
-            pass
-
-
-def release_handshakes() -> None:
-    """Remove the handshake files this process wrote. Call it once every rank has read them:
-    when the ranks have met in the process group, or in a launch of one process."""
-    while _published:
-        _published.pop().unlink(missing_ok=True)
-
-
-def _wait_for(handshake: Path, timeout_s: float) -> str:
-    deadline = time.monotonic() + timeout_s
-    while not handshake.exists():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"rank 0 did not write {handshake} within {timeout_s} s")
-        time.sleep(0.05)
-    return handshake.read_text()
+            (owner / taken).mkdir()
+            return folder
+        except FileExistsError:  # an earlier run of this command in this start of the job
+            continue
+    raise AssertionError("unreachable")
