@@ -293,3 +293,25 @@ def test_every_optimizer_and_scheduler_trains_a_step(compose_config, group, opti
     chosen = OmegaConf.load(CONFIG_DIR / group / f"{option}.yaml")
     assert cfg.model[group]._target_ == chosen._target_
     run(cfg)
+
+
+def test_help_lists_every_option_of_the_groups_a_user_picks() -> None:
+    """`python train.py --help` is written by hand (configs/hydra/default.yaml): each group's
+    options there are the config files of its folder, so a new config cannot be left out."""
+    template = OmegaConf.load(CONFIG_DIR / "hydra" / "default.yaml").help.template
+    listed = dict(line.split(": ", 1) for line in template.splitlines() if ": " in line)
+    groups = {"data": "data", "data/augment": "data/augment", "model": "model",
+              "optimizer@model.optimizer": "optimizer", "trainer": "trainer", "logger": "logger",
+              "experiment": "experiment", "debug": "debug"}  # fmt: skip
+    nested = {"data": ["augment"]}  # subfolders that are groups of their own
+    for name, folder in groups.items():
+        root = CONFIG_DIR / folder
+        files = {
+            str(p.relative_to(root).with_suffix(""))
+            for p in root.rglob("*.yaml")
+            if p.relative_to(root).parts[0] not in nested.get(name, [])
+        }
+        assert listed[name].split(", ") == sorted(files), name
+    named = set(re.findall(r"[a-z_]+", listed["callbacks"])) - {"one", "more", "callbacks"}
+    assert named <= {p.stem for p in (CONFIG_DIR / "callbacks").glob("*.yaml")}
+    assert (CONFIG_DIR / "hydra" / "launcher" / "slurm.yaml").is_file()
