@@ -18,10 +18,10 @@ train:  ## python train.py $(ARGS)
 	$(PYTHON) train.py $(ARGS)
 
 test:  ## every test, as CI runs them
-	$(PYTHON) -m pytest
+	$(PYTHON) -m pytest --slow
 
-test-fast:  ## without real training runs and subprocesses
-	$(PYTHON) -m pytest -m "not slow"
+test-fast:  ## without real training runs and subprocesses, while editing
+	$(PYTHON) -m pytest
 
 lint:  ## what CI checks: no lint errors, formatted
 	$(VENV)/bin/ruff check .

@@ -2,7 +2,7 @@
 # The README's two commands as a new user runs them, timed: clone this repository into a
 # temporary folder, then
 #   1. python3 -m venv .venv && .venv/bin/pip install -e . && .venv/bin/python train.py
-#   2. python3 -m venv .venv && .venv/bin/pip install -e ".[dev]" && .venv/bin/python -m pytest
+#   2. python3 -m venv .venv && .venv/bin/pip install -e ".[dev]" && .venv/bin/python -m pytest --slow
 # Prints each step's wall time, the environment's size on disk, train.py's test/acc and pytest's
 # summary line. pip's download cache is whatever this machine has (say which when you quote it).
 #   bash benchmarks/fresh_clone.sh
@@ -28,7 +28,7 @@ grep -Eo "test/acc[^0-9]*[0-9.]+" train.log | tail -1 >&2
 timed "2. install (pip install -e \".[dev]\")" bash -c 'python3 -m venv .venv && .venv/bin/pip install -q -e ".[dev]" >/dev/null'
 echo "environment on disk after command 2: $(du -sh .venv | cut -f1)" >&2
 status=0
-timed "2. python -m pytest" bash -c '.venv/bin/python -m pytest -q -rfE > pytest.log 2>&1' || status=$?
+timed "2. python -m pytest --slow" bash -c '.venv/bin/python -m pytest --slow -q -rfE > pytest.log 2>&1' || status=$?
 grep -E "^(FAILED|ERROR) " pytest.log >&2 || true
 tail -1 pytest.log >&2
 echo "pytest exit status: $status" >&2

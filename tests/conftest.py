@@ -69,6 +69,24 @@ ON_GPU = (pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), rea
 PYTHON: list[str] = [sys.executable]
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--slow", action="store_true",
+        help="also run the slow tests (real training runs, several processes, the scheduler); "
+        "CI runs them all",
+    )  # fmt: skip
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`pytest` runs the fast tests, `pytest --slow` all of them; `-m ...` chooses by itself."""
+    if config.getoption("--slow") or config.getoption("-m"):
+        return
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if not item.get_closest_marker("slow")]
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """In an xdist worker, share the cores out: N workers each running torch on every core
     would fight over them. Subprocesses (`python train.py`) inherit the setting."""
