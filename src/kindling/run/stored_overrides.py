@@ -1,8 +1,8 @@
 """A run's configuration as its Hydra overrides, stored in every checkpoint's provenance.
 
-`python train.py ckpt_path=<file>` puts them in front of the command's own, so a checkpoint
-alone resumes its run as configured; `ckpt_path=last` takes the newest run whose overrides are
-the command's (`kindling.run.resumed`).
+`python train.py ckpt_path=<file>` without a configuration of its own composes them again, so a
+checkpoint alone resumes its run as configured; `ckpt_path=last` takes the newest run whose
+overrides are the command's (`kindling.run.resumed`).
 """
 
 from collections.abc import Sequence
@@ -11,9 +11,10 @@ from pathlib import Path
 from kindling.checkpoints import read_checkpoint
 from kindling.config.errors import UserError
 
-# Where a run resumes from and writes, how Hydra runs it, a search: not what it trains. (Hydra
-# keeps its own `hydra.` overrides out of the task's; a search's group sets the sweeper.)
-NOT_STORED = ("ckpt_path", "resume_in_new_folder", "hydra", "hparams_search")
+# What this command does (train, test) and where it resumes from, how Hydra runs it, a search:
+# not what the run trains. (Hydra keeps its own `hydra.` overrides out of the task's; a search's
+# group sets the sweeper.) `train=false ckpt_path=<file>` tests with the run's own data.
+NOT_STORED = ("ckpt_path", "resume_in_new_folder", "train", "test", "hydra", "hparams_search")
 # How long to train: what a resume may change (a finished run goes on with a larger one).
 LENGTH = ("trainer.max_epochs", "trainer.max_steps")
 
@@ -55,20 +56,17 @@ def of_checkpoint(path: str | Path) -> list[str] | None:
 
 def with_checkpoint_overrides(args: Sequence[str]) -> list[str]:
     """`train.py`'s arguments, with the stored overrides of the checkpoint `ckpt_path=<file>`
-    names in front: the run is composed as it was trained, and the command's own overrides win.
-    An override of the command replaces the stored one of its key, and one that changes a value
-    also those of the keys inside it (`data=digits` drops a stored `data=image_folder` and
-    `data.path=...`). Other arguments are returned as they are."""
+    names in front when the command gives no configuration of its own (only how long to train,
+    train/test or Hydra's keys, which win over the stored ones): the run is composed as it was
+    trained. A command with other overrides states the configuration itself, as it did before
+    checkpoints stored theirs: a stored `+callbacks.x=...` it leaves out stays out."""
     given = [a for a in args if not a.startswith("-")]
     ckpt_path = next((a.partition("=")[2] for a in reversed(given) if key(a) == "ckpt_path"), "")
-    if ckpt_path in ("", "last", "null"):
+    own = [a for a in run_overrides(given) if key(a) not in LENGTH]
+    if ckpt_path in ("", "last", "null") or own:
         return list(args)
     stored = of_checkpoint(ckpt_path)
     if not stored:
         return list(args)
     given_keys = {key(a) for a in given}
-    changed = [key(a) for a in given if a not in stored]
-    kept = [
-        o for o in run_overrides(stored) if key(o) not in given_keys and not _under(key(o), changed)
-    ]
-    return [*kept, *args]
+    return [*(o for o in stored if key(o) not in given_keys), *args]
