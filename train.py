@@ -1,5 +1,7 @@
 """Entrypoint: `python train.py [overrides]`. Everything else lives in `kindling.train`."""
 
+import sys
+
 from kindling.garbage_collection import long_lived_imports, skip_collections_at_exit
 
 # The objects torch, Lightning and Hydra create at import live as long as the process: Python's
@@ -8,6 +10,7 @@ with long_lived_imports():
     import hydra
     from omegaconf import DictConfig
 
+    from kindling.run.stored_overrides import with_checkpoint_overrides
     from kindling.train import run
 
 
@@ -19,4 +22,7 @@ def main(cfg: DictConfig) -> float | None:
 
 if __name__ == "__main__":
     skip_collections_at_exit()
+    # `ckpt_path=<file>`: the run is composed with the overrides it was trained with, then the
+    # command's (kindling/run/stored_overrides.py).
+    sys.argv[1:] = with_checkpoint_overrides(sys.argv[1:])
     main()

@@ -85,22 +85,24 @@ def _log_through_hydra() -> None:
 
 def train_and_test(cfg: DictConfig) -> float | None:
     augment_images_only(cfg.data)
-    try:
+    try:  # a refused resume leaves its run folder as it was
         checkpoint = _check(cfg)
+        record_dir = resumed.record_dir(cfg.paths.output_dir)  # a resumed run keeps the first's
+        print_config_tree(cfg, save_dir=record_dir, to_console=cfg.get("print_config", False))
+        run_provenance = provenance.collect()
+        provenance.save(run_provenance, record_dir)
+        if cfg.get("seed") is not None:  # 0 is a seed like any other
+            L.seed_everything(cfg.seed, workers=True)
+        if cfg.get("float32_matmul_precision"):
+            torch.set_float32_matmul_precision(cfg.float32_matmul_precision)
+
+        datamodule: L.LightningDataModule = build(cfg.data, "data")
+        model: L.LightningModule = build(cfg.model, "model")
+        if checkpoint is not None:  # the weights' shapes are known once the model is built
+            checks.check_weights_fit(checkpoint, model)
     except UserError:
         resumed.forget_refused(cfg.paths.output_dir)
         raise
-    record_dir = resumed.record_dir(cfg.paths.output_dir)  # a resumed run keeps the first's record
-    print_config_tree(cfg, save_dir=record_dir, to_console=cfg.get("print_config", False))
-    run_provenance = provenance.collect()
-    provenance.save(run_provenance, record_dir)
-    if cfg.get("seed") is not None:  # 0 is a seed like any other
-        L.seed_everything(cfg.seed, workers=True)
-    if cfg.get("float32_matmul_precision"):
-        torch.set_float32_matmul_precision(cfg.float32_matmul_precision)
-
-    datamodule: L.LightningDataModule = build(cfg.data, "data")
-    model: L.LightningModule = build(cfg.model, "model")
     trainer = build_trainer(cfg, run_provenance, datamodule=datamodule)
 
     rank_zero_info(f"Run folder: {cfg.paths.output_dir}")
@@ -192,7 +194,8 @@ def _check(cfg: DictConfig) -> str | None:
     if "batch_size" in cfg.data:
         per_device_batch_size(cfg.data.batch_size, checks.requested_world_size(cfg.trainer))
     runs_dir = Path(cfg.paths.log_dir) / cfg.task_name / "runs"
-    checkpoint = resumed.resolve_checkpoint(cfg.get("ckpt_path"), runs_dir)
+    overrides = HydraConfig.get().overrides.task if HydraConfig.initialized() else None
+    checkpoint = resumed.resolve_checkpoint(cfg.get("ckpt_path"), runs_dir, overrides)
     if checkpoint is not None:
         stored = checks.check_checkpoint(checkpoint, cfg.model)
         if cfg.get("train"):

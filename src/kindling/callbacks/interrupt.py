@@ -2,6 +2,7 @@
 requeue a SLURM job that SLURM warns with SIGUSR1 (time limit, preemption)."""
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -220,7 +221,8 @@ class CheckpointOnInterrupt(Callback):
         rank_zero_info(
             f"Interrupted at epoch {trainer.current_epoch}, step {trainer.global_step}. "
             f"Checkpoint: {self.saved_path}\n"
-            f"Resume with: python train.py ckpt_path={self.saved_path}"
+            # Quoted for the shell where it must be; the checkpoint brings the run's overrides.
+            f"Resume with: python train.py {shlex.quote(f'ckpt_path={self.saved_path}')}"
         )
 
 

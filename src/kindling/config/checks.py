@@ -9,8 +9,9 @@ from hydra.core.hydra_config import HydraConfig
 from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
 from omegaconf import DictConfig, OmegaConf
 
-from kindling.checkpoints import is_url, read_checkpoint
+from kindling.checkpoints import is_url, read_checkpoint, without_compile_prefix
 from kindling.config.errors import UserError
+from kindling.run import stored_overrides
 
 
 def requested_world_size(trainer: DictConfig) -> int:
@@ -129,6 +130,32 @@ def check_checkpoint(path: Path | str, model: DictConfig) -> dict[str, Any]:
             f"{wanted.rsplit('.', 1)[-1]}. Choose the matching model= option, or another ckpt_path."
         )
     return checkpoint
+
+
+def check_weights_fit(path: Path | str, model: torch.nn.Module) -> None:
+    """The checkpoint's weights have the shapes of the built model's: else Lightning stops in the
+    middle of loading them, with a long traceback. Weights the model has not built yet (a
+    language model's net, built from the data) are left to the model."""
+    checkpoint = read_checkpoint(path)  # mapped from disk, not read: checked before at no cost
+    built = model.state_dict()
+    for name, weights in without_compile_prefix(checkpoint["state_dict"]).items():
+        if name in built and tuple(weights.shape) != tuple(built[name].shape):
+            break
+    else:
+        return
+    stored = (checkpoint.get("provenance") or {}).get("overrides") or []
+    given = HydraConfig.get().overrides.task if HydraConfig.initialized() else []
+    trained_with = [
+        o
+        for o in stored
+        if o not in given and stored_overrides.key(o) not in stored_overrides.LENGTH
+    ]
+    was = f" Its run had {' '.join(trained_with)}." if trained_with else ""
+    raise UserError(
+        f"{path} does not fit this config's model: model.{name}: checkpoint "
+        f"{list(weights.shape)}, this config {list(built[name].shape)}.{was} Resume with the "
+        "overrides it was trained with (ckpt_path=<file> alone restores them), or start a new run."
+    )
 
 
 def check_training_left(checkpoint: dict[str, Any], path: Path | str, trainer: DictConfig) -> None:

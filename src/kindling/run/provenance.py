@@ -1,4 +1,5 @@
-"""What produced a run: its command line, the code's git commit, and the library versions.
+"""What produced a run: its command line and Hydra overrides, the code's git commit, and the
+library versions.
 
 `collect()` is called once per run and costs one `git` subprocess (two when the tree is dirty).
 The record goes into the run folder (`provenance.yaml`, and `git.diff` when the tree was dirty),
@@ -19,10 +20,12 @@ import hydra
 import lightning
 import torch
 import yaml
+from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch.loggers import Logger, MLFlowLogger
 from lightning.pytorch.utilities import rank_zero_only
 
 import kindling
+from kindling.run.stored_overrides import run_overrides
 
 PROVENANCE_FILE = "provenance.yaml"
 DIFF_FILE = "git.diff"
@@ -33,6 +36,10 @@ def collect(code_dir: str | Path | None = None) -> dict[str, Any]:
     """The run's provenance as plain types. `code_dir`: the code's folder (kindling's own)."""
     return {
         "command": shlex.join([sys.executable, *sys.argv]),
+        # What `ckpt_path=<this run's checkpoint>` composes again (kindling.run.stored_overrides).
+        "overrides": (
+            run_overrides(HydraConfig.get().overrides.task) if HydraConfig.initialized() else None
+        ),
         "cwd": str(Path.cwd()),
         "host": socket.gethostname(),
         "started": datetime.now().isoformat(timespec="seconds"),

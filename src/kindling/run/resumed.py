@@ -1,29 +1,54 @@
 """Where a resumed run continues: which checkpoint `ckpt_path=last` means, and which folder."""
 
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
+from omegaconf import OmegaConf
 
 from kindling.checkpoints import is_url
 from kindling.config.errors import UserError
-from kindling.run import run_folder
+from kindling.run import run_folder, stored_overrides
 
 
-def find_last_checkpoint(runs_dir: str | Path) -> Path | None:
-    """The newest `checkpoints/last.ckpt` of the runs under `runs_dir`, or None."""
-    candidates = Path(runs_dir).glob("*/checkpoints/last.ckpt")
-    return max(candidates, key=lambda path: path.stat().st_mtime, default=None)
+def find_last_checkpoint(
+    runs_dir: str | Path, overrides: Sequence[str] | None = None
+) -> Path | None:
+    """The newest `checkpoints/last.ckpt` of the runs under `runs_dir` that were configured with
+    `overrides` (any run when None), or None. A checkpoint that stores no overrides (older, or
+    unreadable: the checks name it) counts as one of them."""
+    candidates = sorted(
+        Path(runs_dir).glob("*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime
+    )
+    if overrides is None or not candidates:
+        return candidates[-1] if candidates else None
+    others = []
+    for last in reversed(candidates):
+        stored = stored_overrides.of_checkpoint(last)
+        if stored is None or stored_overrides.same_configuration(stored, overrides):
+            return last
+        others.append(f"{last.parent.parent} ({' '.join(stored) or 'no overrides'})")
+    shown = "; ".join(others[:3]) + ("; ..." if len(others) > 3 else "")
+    given = " ".join(stored_overrides.run_overrides(overrides)) or "none"
+    raise UserError(
+        f"ckpt_path=last: no run under {runs_dir} has this command's overrides ({given}). "
+        f"Runs, newest first: {shown}. Resume one with ckpt_path=<run>/checkpoints/last.ckpt "
+        "(its overrides come with it)."
+    )
 
 
-def resolve_checkpoint(ckpt_path: str | None, runs_dir: str | Path) -> Path | str | None:
-    """`ckpt_path` as a file: `last` is the newest last.ckpt of this task's runs. A URL in object
-    storage (`s3://...`) stays a string, which fsspec and Lightning read."""
+def resolve_checkpoint(
+    ckpt_path: str | None, runs_dir: str | Path, overrides: Sequence[str] | None = None
+) -> Path | str | None:
+    """`ckpt_path` as a file: `last` is the newest last.ckpt of this task's runs configured with
+    `overrides` (this command's). A URL in object storage (`s3://...`) stays a string, which
+    fsspec and Lightning read."""
     if ckpt_path is None:
         return None
     if ckpt_path == "last":
-        last = find_last_checkpoint(runs_dir)
+        last = find_last_checkpoint(runs_dir, overrides)
         if last is None:
             raise UserError(
                 f"ckpt_path=last: no run under {runs_dir} has a checkpoints/last.ckpt. "
@@ -51,7 +76,8 @@ def resume_folder(root: Any) -> Path | None:
         return None
     runs_dir = Path(root.paths.log_dir) / root.task_name / "runs"
     try:
-        checkpoint = resolve_checkpoint(root.ckpt_path, runs_dir)
+        overrides = OmegaConf.select(root, "hydra.overrides.task")
+        checkpoint = resolve_checkpoint(root.ckpt_path, runs_dir, overrides)
     except UserError:
         return None  # kindling.train reports it, with the rest of the checks
     if isinstance(checkpoint, str) or not checkpoint.is_file():

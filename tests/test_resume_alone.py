@@ -1,0 +1,144 @@
+"""A checkpoint alone resumes its run as it was configured; `ckpt_path=last` finds a run of this
+command's configuration; a checkpoint that does not fit the model is refused in one line."""
+
+import csv
+import shlex
+import shutil
+import signal
+from pathlib import Path
+
+import pytest
+import yaml
+from omegaconf import open_dict
+
+import kindling.train
+
+from conftest import QUIET, compose_in, train_py
+
+# Short epochs; the net's shapes differ from the default's (channels [32, 64]).
+SMALL = ["trainer=cpu", "trainer.limit_train_batches=4", "trainer.limit_val_batches=2", *QUIET]
+NARROW = [*SMALL, "model.net.channels=[8,16]", "test=false"]
+
+STOP_ONCE = '''
+import os, signal
+from pathlib import Path
+import lightning as L
+
+
+class StopOnce(L.Callback):
+    """SIGTERM to this process at the second epoch's first step, once: what a cluster sends."""
+
+    def __init__(self, marker: str):
+        self.marker = Path(marker)
+
+    def on_train_batch_end(self, trainer, *args) -> None:
+        if trainer.current_epoch == 1 and not self.marker.exists():
+            self.marker.touch()
+            os.kill(os.getpid(), signal.SIGTERM)
+'''
+
+
+def folder_contents(folder: Path, but: tuple[str, ...] = ("train.log", ".lock")) -> dict:
+    return {
+        str(path.relative_to(folder)): path.read_bytes() if path.is_file() else b"<folder>"
+        for path in folder.rglob("*")
+        if path.name not in but
+    }
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """Two runs of one epoch under `<folder>/logs/train/runs`, trained in-process: `narrow`
+    (NARROW's overrides), then `default` (SMALL's), the newer."""
+    folder = tmp_path_factory.mktemp("two_runs")
+    runs = folder / "logs" / "train" / "runs"
+    for name, overrides in (("narrow", NARROW), ("default", [*SMALL, "test=false"])):
+        cfg = compose_in(folder, *overrides, "trainer.max_epochs=1")
+        with open_dict(cfg):
+            cfg.paths.output_dir = str(runs / name)
+        kindling.train.run(cfg)
+        (runs / name / ".hydra").mkdir()  # what train.py leaves: a resume continues there
+    return runs / "narrow", runs / "default"
+
+
+def copy_runs(runs: tuple[Path, Path], cwd: Path) -> tuple[Path, ...]:
+    """The runs under `cwd/logs/train/runs`, where `python train.py` in `cwd` looks."""
+    for run in runs:
+        shutil.copytree(run, cwd / "logs" / "train" / "runs" / run.name)
+    return tuple(cwd / "logs" / "train" / "runs" / run.name for run in runs)
+
+
+@pytest.mark.slow
+def test_an_interrupted_run_resumes_from_the_line_it_printed(tmp_path: Path) -> None:
+    (tmp_path / "stop_once.py").write_text(STOP_ONCE)
+    stop = ["+callbacks.stop._target_=stop_once.StopOnce", f"+callbacks.stop.marker={tmp_path}/x"]
+    first = train_py(
+        *NARROW, "trainer.max_epochs=3", *stop, cwd=tmp_path, module_dir=tmp_path, timeout=300
+    )
+    output = first.stdout + first.stderr
+    assert first.returncode == 128 + signal.SIGTERM, output[-3000:]
+    (line,) = [line for line in output.splitlines() if line.startswith("Resume with: ")]
+    python, script, *args = shlex.split(line.removeprefix("Resume with: "))
+    assert (python, script) == ("python", "train.py")
+
+    resumed = train_py(*args, cwd=tmp_path, module_dir=tmp_path, timeout=300)
+    output = resumed.stdout + resumed.stderr
+    assert resumed.returncode == 0, output[-3000:]
+    assert "Restored all states" in output
+    (run_dir,) = (tmp_path / "logs" / "train" / "runs").iterdir()  # continued in its folder
+    (record,) = (run_dir / ".hydra").glob("resumed_*/config.yaml")
+    config = yaml.safe_load(record.read_text())
+    assert config["model"]["net"]["channels"] == [8, 16]
+    assert config["trainer"]["max_epochs"] == 3
+    with open(run_dir / "csv" / "metrics.csv") as f:  # trained to its end, in its folder
+        assert [row["epoch"] for row in csv.DictReader(f) if row["val/loss"]] == ["0", "1", "2"]
+
+
+@pytest.mark.slow
+def test_ckpt_path_last_takes_the_run_of_this_commands_overrides(two_runs, tmp_path: Path):
+    narrow, default = copy_runs(two_runs, tmp_path)
+    # The newest run is `default`; these overrides are `narrow`'s (a longer run may resume it).
+    result = train_py("ckpt_path=last", *NARROW, "trainer.max_epochs=2", cwd=tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    assert f"Run folder: {narrow}" in output
+    assert (narrow / "checkpoints" / "epoch_001.ckpt").is_file()
+    assert not (default / "checkpoints" / "epoch_001.ckpt").exists()
+
+    before = folder_contents(tmp_path / "logs" / "train" / "runs", but=())
+    result = train_py("ckpt_path=last", "trainer=cpu", *QUIET, cwd=tmp_path, timeout=120)
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output[-3000:]
+    (error,) = [line for line in output.splitlines() if line.startswith("ckpt_path=last")]
+    assert "no run under logs/train/runs has this command's overrides" in error
+    assert error.index(f"{Path('logs/train/runs/narrow')} (trainer=cpu") < error.index(
+        f"{Path('logs/train/runs/default')} (trainer=cpu"
+    )  # newest first: narrow was resumed last
+    assert "model.net.channels=[8,16]" in error
+    assert "ckpt_path=<run>/checkpoints/last.ckpt" in error
+    assert "Traceback" not in output
+    runs = folder_contents(tmp_path / "logs" / "train" / "runs", but=())
+    assert {k: v for k, v in runs.items() if k in before} == before
+
+
+@pytest.mark.slow
+def test_a_checkpoint_that_does_not_fit_the_model_is_refused_in_one_line(
+    two_runs, tmp_path: Path
+) -> None:
+    narrow, _ = copy_runs(two_runs, tmp_path)
+    before = folder_contents(narrow)
+    checkpoint = narrow / "checkpoints" / "last.ckpt"
+    result = train_py(
+        f"ckpt_path={checkpoint}", "model.net.channels=[16,32]", "trainer.max_epochs=2",
+        cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output[-3000:]
+    (error,) = [line for line in output.splitlines() if "does not fit" in line]
+    assert (
+        f"{checkpoint} does not fit this config's model: model.net.features.0.0.weight: "
+        "checkpoint [8, 1, 3, 3], this config [16, 1, 3, 3]. Its run had "
+    ) in error
+    assert "model.net.channels=[8,16]" in error
+    assert "Traceback" not in output and "size mismatch" not in output
+    assert folder_contents(narrow) == before  # no .hydra/resumed_*, no csv/hparams_resumed_*
