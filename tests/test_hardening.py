@@ -443,6 +443,9 @@ def test_a_signal_at_any_moment_ends_every_rank_of_a_two_process_run(tmp_path: P
             "+callbacks.signal_at._target_=signal_at.SignalAt",
             f"+callbacks.signal_at.pid_dir={pid_dir}",
             *(f"+callbacks.signal_at.{arg}" for arg in hook_args),
+            # The random moment falls in training: it is up to a second after the first
+            # epoch's checkpoint, and 4 epochs of 5 steps can all be over by then.
+            *([] if hook_args else ["trainer.max_epochs=40"]),
         ]  # fmt: skip
         process = start_train_py(*args, cwd=tmp_path, module_dir=tmp_path, ctrl_c=True)
         runs[case] = process, pid_dir, tmp_path / f"run{number}" / "checkpoints"
@@ -500,3 +503,26 @@ def test_the_lightning_kindling_asks_for_is_the_one_it_was_tested_with() -> None
 
     (lightning,) = [r for r in map(Requirement, requires("kindling")) if r.name == "lightning"]
     assert lightning == Requirement(internals.SUPPORTED)
+
+
+SIGTERM_AT_FIT_END = """
+import os, signal
+import lightning as L
+
+class SigtermAtFitEnd(L.Callback):
+    def on_fit_end(self, trainer, pl_module):  # training is over, testing not begun
+        os.kill(os.getpid(), signal.SIGTERM)
+"""
+
+
+def test_a_sigterm_between_stages_ends_the_run_with_143_and_says_so(tmp_path: Path) -> None:
+    (tmp_path / "sigterm_at.py").write_text(textwrap.dedent(SIGTERM_AT_FIT_END))
+    result = train_py(
+        "trainer=cpu", "debug=limit", "trainer.max_epochs=1", *QUIET,
+        "+callbacks.sigterm_at._target_=sigterm_at.SigtermAtFitEnd",
+        cwd=tmp_path, module_dir=tmp_path,
+    )  # fmt: skip
+    output = result.stdout + result.stderr
+    assert result.returncode == 143, output[-3000:]
+    assert "Stopped by SIGTERM outside training: nothing more was saved." in output
+    assert "Test metric" not in output  # it stopped there

@@ -7,6 +7,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import torch
@@ -48,6 +49,7 @@ def run(cfg: DictConfig) -> float | None:
     """
     ignore_unhelpful_warnings()
     _log_through_hydra()
+    previous_handler = _exit_on_sigterm()
     try:
         job = job_record.recorded_job(cfg.paths.output_dir)  # in a multirun: how the job ended
         with hydra_ddp.job_environment(), _trackers_closed(), job:
@@ -67,6 +69,23 @@ def run(cfg: DictConfig) -> float | None:
         sys.exit(1)
     finally:
         folder_lock.release(cfg.paths.output_dir)
+        if previous_handler is not None:
+            signal.signal(signal.SIGTERM, previous_handler)
+
+
+def _exit_on_sigterm() -> Any:
+    """Outside training, validation and testing (where CheckpointOnInterrupt saves at the end of
+    the step), SIGTERM ends the run at once with 143 and a line saying so: while it is set up,
+    between stages, or while it writes its results. Returns the handler it replaced."""
+
+    def stop(signum: int, frame: Any) -> None:
+        log.warning("Stopped by SIGTERM outside training: nothing more was saved.")
+        raise SystemExit(128 + signum)
+
+    try:
+        return signal.signal(signal.SIGTERM, stop)
+    except ValueError:  # not the main thread: the default handler stays
+        return None
 
 
 def _log_through_hydra() -> None:

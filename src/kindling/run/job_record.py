@@ -11,7 +11,6 @@ import yaml
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from lightning.pytorch.utilities import rank_zero_only
-from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from kindling.files import write_atomically
 
@@ -55,7 +54,7 @@ def recorded_job(run_dir: str | Path) -> Iterator[None]:
     write_yaml(path, record)
     try:
         yield
-    except SIGTERMException as stop:  # saved at the end of a step (CheckpointOnInterrupt)
+    except SystemExit as stop:  # a signal: in a stage, saved at the end of the step
         record.update(status="interrupted", exit_code=stop.code)
         raise
     except Exception as error:
