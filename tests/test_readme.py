@@ -1,0 +1,38 @@
+"""README.md's `python train.py` commands run as written, on a CPU without network: each with
+`debug=limit trainer.max_epochs=1` added, so that it trains a few batches. Left out: those that
+need a GPU or download a data set (`trainer=gpu`, `data=mnist`, `cifar10`, `fashion_mnist`)."""
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, train_py
+
+NEEDS_MORE = re.compile(r"trainer=gpu|data=(mnist|cifar10|fashion_mnist)\b")
+
+
+def readme_commands() -> list[str]:
+    blocks = re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.DOTALL)
+    lines = [line.split("  #")[0].strip() for block in blocks for line in block.splitlines()]
+    return [line for line in lines if line.startswith("python train.py")]
+
+
+COMMANDS = [c for c in readme_commands() if not NEEDS_MORE.search(c)]
+
+
+def test_the_readme_shows_commands_to_run() -> None:
+    assert len(COMMANDS) >= 5, COMMANDS
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_readme_command_runs_as_written(command: str, tmp_path: Path) -> None:
+    python, script, *args = shlex.split(command)
+    assert (python, script) == ("python", "train.py")
+    if "--help" not in args:
+        short = [] if any(a.startswith("debug=") for a in args) else ["debug=limit"]
+        args += [*short, "trainer.max_epochs=1", "callbacks.rich_progress_bar=null"]
+    result = train_py(*args, cwd=tmp_path)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
