@@ -3,6 +3,7 @@
 import os
 import signal
 import subprocess
+import sys
 import textwrap
 import time
 from pathlib import Path
@@ -13,7 +14,7 @@ import torch
 
 from kindling.callbacks import CheckpointOnInterrupt
 
-from conftest import QUIET, start_train_py, train_py
+from conftest import QUIET, ROOT, importable, start_train_py, train_py
 
 TWO_CPUS = ["trainer.accelerator=cpu", "trainer.devices=2"]
 
@@ -21,6 +22,7 @@ TWO_CPUS = ["trainer.accelerator=cpu", "trainer.devices=2"]
 NAN_ON_RANK_ONE = """
 import os
 import subprocess
+import sys
 import time
 
 import torch
@@ -66,6 +68,7 @@ def test_a_nan_on_one_rank_stops_every_rank_with_the_divergence_message(tmp_path
 CTRL_C_IN_OPTIMIZER_STEP = """
 import os
 import subprocess
+import sys
 import time
 import signal
 
@@ -365,6 +368,7 @@ SIGNAL_AT = """
 import functools
 import os
 import subprocess
+import sys
 import time
 import signal
 import threading
@@ -526,3 +530,52 @@ def test_a_sigterm_between_stages_ends_the_run_with_143_and_says_so(tmp_path: Pa
     assert result.returncode == 143, output[-3000:]
     assert "Stopped by SIGTERM outside training: nothing more was saved." in output
     assert "Test metric" not in output  # it stopped there
+
+
+STALL_AT = """
+import time
+from pathlib import Path
+import lightning as L
+
+class StallAt(L.Callback):
+    # At step `step`, names the moment in <folder>/at_step and waits a while: the signal lands
+    # then, with the loader's workers running.
+    def __init__(self, step, folder):
+        self.step, self.folder = step, folder
+
+    def on_train_batch_start(self, trainer, *args):
+        if trainer.global_step == self.step:
+            Path(self.folder, "at_step").write_text(str(self.step))
+            time.sleep(3)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
+def test_a_signal_to_the_whole_process_group_with_loader_workers_saves_the_step(
+    tmp_path: Path, signum: signal.Signals
+) -> None:
+    """A terminal's Ctrl-C and SLURM's scancel signal every process of the group, the loader's
+    workers too: they leave it to the main process, which saves at the end of the step."""
+    (tmp_path / "stall_at.py").write_text(textwrap.dedent(STALL_AT))
+    args = [
+        "trainer=cpu", "data.num_workers=2", "trainer.max_epochs=5", *QUIET,
+        "callbacks.plots=null", "+callbacks.stall_at._target_=stall_at.StallAt",
+        "+callbacks.stall_at.step=3", f"+callbacks.stall_at.folder={tmp_path}",
+    ]  # fmt: skip
+    process = subprocess.Popen(
+        [sys.executable, str(ROOT / "train.py"), *args], cwd=tmp_path,
+        env=importable(tmp_path),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "at_step").exists():
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()[0]
+        time.sleep(0.1)
+    os.killpg(process.pid, signum)
+    output = process.communicate(timeout=120)[0]
+    assert process.returncode == 128 + signum, output[-3000:]
+    assert "Interrupted at epoch 0, step 4." in output, output[-3000:]
+    (checkpoint,) = tmp_path.glob("logs/train/runs/*/checkpoints/last.ckpt")
+    assert torch.load(checkpoint, weights_only=True)["global_step"] == 4

@@ -1,11 +1,14 @@
 """What every kindling data module shares: a global batch size and its DataLoaders."""
 
+import functools
 import itertools
 import os
+import signal
 from collections.abc import Iterator
 
 import lightning as L
 import torch
+from lightning.fabric.utilities.seed import pl_worker_init_function
 from lightning.pytorch.accelerators import CUDAAccelerator
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
@@ -96,6 +99,16 @@ class ResumableDistributedSampler(DistributedSampler):
         # Older checkpoints count this process's samples: they resume on as many processes.
         consumed = state["consumed"] if "consumed" in state else state["served"] * self.num_replicas
         self._resume_at = (state["epoch"], resume_position(consumed, self.num_replicas))
+
+
+def leave_stop_signals_to_the_main_process(worker_id: int, rank: int) -> None:
+    """A loader worker ignores Ctrl-C and SIGTERM: a terminal's Ctrl-C and SLURM's `scancel`
+    signal every process of the group, and a worker that died of it would fail the step its main
+    process is finishing before it saves. The main process ends its workers when it exits."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if int(os.environ.get("PL_SEED_WORKERS", 0)):  # Lightning seeds only a loader without one
+        pl_worker_init_function(worker_id, rank)
 
 
 class SplitDataModule(L.LightningDataModule):
@@ -192,6 +205,7 @@ class SplitDataModule(L.LightningDataModule):
             # A data set whose samples do not stack (encoded files) brings its own.
             collate_fn=getattr(dataset, "collate", None),
             generator=generator,
+            worker_init_fn=functools.partial(leave_stop_signals_to_the_main_process, rank=rank),
         )
 
     def train_dataloader(self) -> DataLoader:
