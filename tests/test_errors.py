@@ -26,8 +26,8 @@ MISTAKES = {
     # Found inside trainer.fit: configure_optimizers calls the optimizer and scheduler factories.
     "optimizer value": (
         ["model.optimizer.lr=-1"],
-        "model.optimizer.lr=-1 is refused by torch.optim.AdamW: Invalid learning rate: -1. "
-        "Change model.optimizer.lr.",
+        "model.optimizer (torch.optim.AdamW) refused its values: Invalid learning rate: -1. "
+        "Check the values under model.optimizer; you set model.optimizer.lr=-1.",
     ),
     "scheduler value": (
         [
@@ -50,13 +50,14 @@ MISTAKES = {
     # Found when the config is instantiated.
     "net value a library refuses": (
         ["model=lstm", "model.net.num_layers=0"],
-        "model.net.num_layers=0 is refused by kindling.models.LSTMClassifier: num_layers must be "
-        "greater than zero. Change model.net.num_layers.",
+        "model.net (kindling.models.LSTMClassifier) refused its values: num_layers must be "
+        "greater than zero. Check the values under model.net; you set model.net.num_layers=0.",
     ),
     "net value kindling refuses": (
         ["model=transformer", "model.net.num_heads=3"],
-        "model.net.num_heads=3 is refused by kindling.models.TransformerClassifier: d_model=64 "
-        "must be divisible by num_heads=3.",
+        "model.net (kindling.models.TransformerClassifier) refused its values: d_model=64 must "
+        "be divisible by num_heads=3. Check the values under model.net; you set "
+        "model.net.num_heads=3.",
     ),
     "net value of the wrong type": (
         ["model.net.channels=5"],
@@ -80,8 +81,9 @@ MISTAKES = {
     ),
     "callback value": (
         ["callbacks.early_stopping.mode=sideways"],
-        "callbacks.early_stopping.mode=sideways is refused by "
-        "lightning.pytorch.callbacks.EarlyStopping",
+        "callbacks.early_stopping (lightning.pytorch.callbacks.EarlyStopping) refused its "
+        "values: `mode` can be min, max, got sideways. Check the values under "
+        "callbacks.early_stopping; you set callbacks.early_stopping.mode=sideways.",
     ),
     "logger unknown argument": (
         ["+logger.csv.colour=red"],
@@ -94,7 +96,9 @@ MISTAKES = {
     ),
     "trainer value": (
         ["trainer.max_epochs=-5"],
-        "trainer.max_epochs=-5 is refused by lightning.pytorch.Trainer",
+        "trainer (lightning.pytorch.Trainer) refused its values: `max_epochs` must be a "
+        "non-negative integer or -1. You passed in -5. Check the values under trainer; you set "
+        "trainer.max_epochs=-5",
     ),
     "trainer target that does not exist": (
         ["trainer._target_=lightning.pytorch.Trainr"],
@@ -166,7 +170,7 @@ def test_a_net_built_later_by_its_factory_names_its_key() -> None:
     # The language model builds its net once the data module knows the vocabulary (in fit).
     module = build(language_model(num_layers=0), "model")
     assert isinstance(module.net_factory, ConfigFactory)
-    with pytest.raises(UserError, match=r"^model\.net\.num_layers=0 is refused by .*LSTMLan"):
+    with pytest.raises(UserError, match=r"^model\.net \(.*LSTMLan.*\) refused its values: num_lay"):
         module.build(Vocabulary("abc"))
     module = build(language_model(num_layers=1), "model")
     module.build(Vocabulary("abc"))
@@ -223,7 +227,7 @@ def test_two_processes_show_one_message_and_both_exit(tmp_path: Path) -> None:
     output = result.stdout + result.stderr
     assert result.returncode == 1, output[-3000:]
     assert "Starting with 2 processes" in output
-    assert output.count("model.optimizer.lr=-1 is refused by torch.optim.AdamW") == 1
+    assert output.count("model.optimizer (torch.optim.AdamW) refused its values") == 1
     assert "Traceback" not in output
 
 
@@ -235,4 +239,4 @@ def test_full_error_shows_the_whole_traceback(tmp_path: Path, monkeypatch) -> No
     assert result.returncode == 1
     assert "Traceback" in output
     assert 'raise ValueError("num_layers must be greater than zero")' in output
-    assert "model.net.num_layers=0 is refused" in output
+    assert "model.net (kindling.models.LSTMClassifier) refused its values" in output

@@ -35,7 +35,7 @@ from torch.utils.data import Dataset
 import kindling
 from kindling.config import resolvers  # noqa: F401 - importing registers the resolvers
 from kindling.config.errors import UserError, find_user_error
-from kindling.config.instantiate import build
+from kindling.config.instantiate import build, check_arguments
 from kindling.data.loaders import default_num_workers
 from kindling.data.prepared import FORMAT, IMAGES, METADATA_FILE, SEQUENCES, SPLITS, is_remote
 from kindling.data.sequences import Sequences
@@ -80,6 +80,7 @@ def prepare(cfg: DictConfig) -> Path:
     if _finished(output, source):
         return output
 
+    check_arguments(data_cfg, "data")
     datamodule = build(data_cfg, "data")
     datamodule.setup("fit")
     splits = {name: getattr(datamodule, f"data_{name}") for name in SPLITS}

@@ -1,26 +1,23 @@
-"""Build objects from config, after checking each against its target's signature.
+"""Build objects from config; each config checked against its target's signature beforehand.
 
-One mechanism words every config mistake as one line naming its key:
-- before anything is built, `check_arguments` binds each object's config to its `_target_`'s
-  signature: a target that does not exist (with the names it could be), an argument the target
-  does not take, one it needs and is not given, a value of another type than it declares;
-- while an object is built, or later when a `_partial_` factory is called (the optimizer in
-  `configure_optimizers`), a `ValueError` or Lightning's `MisconfigurationException` (what
-  argument checks raise, in torch, Lightning and kindling) names the key and the values set,
-  and a missing package (`ImportError`) says so.
+Every config mistake is one line naming its key:
+- `check_arguments`, before anything is built (`kindling.train._check`), reads each object's
+  config against its `_target_`'s signature: a target that does not exist, an argument it does
+  not take, one it needs and is not given, a plain value of another type than it declares;
+- `build`: a `ValueError` or Lightning's `MisconfigurationException` raised while the object is
+  built, or later when a `_partial_` factory is called (the optimizer in `configure_optimizers`),
+  is the target refusing its values (what argument checks raise, in torch, Lightning and
+  kindling): the key and the library's message. A missing package (`ImportError`) says so.
 Everything else (a bug in a constructor, anything raised in `forward`) keeps its traceback.
 """
 
-import contextlib
 import difflib
 import functools
 import importlib
 import inspect
-import pkgutil
 import re
 import typing
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from types import UnionType
 from typing import Any
 
@@ -40,37 +37,33 @@ REFUSALS = (ValueError, MisconfigurationException)
 
 
 def build(node: DictConfig, key: str, **kwargs: Any) -> Any:
-    """`instantiate(node)` once `check_arguments` passed; a refused value is one line naming it.
+    """`instantiate(node)`, for a config `check_arguments` passed; a refused value is one line.
 
-    The objects nested in `node` (`model.net`) are built first, each under its own key. A
+    The objects nested in `node` (`model.net`) are built first, each under its own key; a
     `_partial_: true` one becomes a `ConfigFactory`, which names its key when it is called.
     `_convert_="all"`: objects get plain lists and dicts, never OmegaConf containers, so what
     they save into checkpoints loads with `torch.load(weights_only=True)`.
     """
-    check_arguments(node, key, provided=kwargs)  # and every object nested in it
-    return _build_checked(node, key, kwargs)
-
-
-def _build_checked(node: DictConfig, key: str, kwargs: dict[str, Any]) -> Any:
     if node.get("_recursive_", True):
         for name, child in node.items():
             if name not in kwargs and isinstance(child, DictConfig) and "_target_" in child:
-                kwargs[name] = _build_checked(child, f"{key}.{name}", {})
+                kwargs[name] = build(child, f"{key}.{name}")
     try:
         built = instantiate(node, _convert_="all", **kwargs)
     except InstantiationException as error:
-        cause = error.__cause__
-        if cause is None:  # Hydra's own refusal (a blocklisted target): its message is clear
+        if error.__cause__ is None:  # Hydra's own refusal (a blocklisted target): clear as it is
             raise
-        failure = find_user_error(cause) or refusal(cause, key, node._target_, _given(node))
-        # Raised outside this block, so that Hydra's wrapper is not its context.
-        failure = failure or cause
+        cause = error.__cause__
     else:
         if isinstance(built, functools.partial):
-            return ConfigFactory(built, key, _given(node), node._target_)
+            factory = ConfigFactory(built.func, *built.args, **built.keywords)
+            factory.key, factory.target = key, node._target_
+            return factory
         return built
-    if failure is cause:
-        raise failure
+    # Raised outside the except block, so that Hydra's wrapper is not its context.
+    failure = find_user_error(cause) or _refusal(cause, key, built_from=node._target_)
+    if failure is None or failure is cause:
+        raise cause
     raise failure from cause
 
 
@@ -84,76 +77,79 @@ def instantiate_group(group: DictConfig | None, key: str) -> list[Any]:
     return [build(entry, f"{key}.{name}") for name, entry in group.items() if entry is not None]
 
 
-class ConfigFactory:
+class ConfigFactory(functools.partial):
     """A `_partial_: true` object of the config at `key`: calling it builds the object, and a
     value refused then (`model.optimizer.lr=-1`, inside `trainer.fit`) names its key."""
 
-    def __init__(self, partial: functools.partial, key: str, given: dict, name: str) -> None:
-        self.partial, self.key, self.given, self.name = partial, key, given, name
-        self.func, self.args, self.keywords = partial.func, partial.args, partial.keywords
-
-    @property
-    def __signature__(self) -> inspect.Signature:
-        # What the partial still takes (e.g. a schedule's `total_steps`), for inspect.signature.
-        return inspect.signature(self.partial)
+    key: str
+    target: str
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         try:
-            return self.partial(*args, **kwargs)
+            return super().__call__(*args, **kwargs)
         except (*REFUSALS, ImportError) as error:
-            failure = refusal(error, self.key, self.name, self.given)
-            if failure is None:
-                raise
-            raise failure from error
+            raise _refusal(error, self.key, built_from=self.target) from error
 
-    def __repr__(self) -> str:
-        return f"ConfigFactory({self.key}: {self.partial!r})"
+
+def _refusal(error: BaseException, key: str, built_from: str) -> UserError | None:
+    """The one line for `error` raised by the target of the config at `key`, with the values the
+    command line set under it; None if it is not a refusal (a bug keeps its traceback)."""
+    if isinstance(error, ImportError):  # `logger=wandb` without wandb installed
+        return UserError(f"{key} ({built_from}) needs a package that is missing: {_reason(error)}.")
+    if not isinstance(error, REFUSALS):
+        return None
+    overrides = []
+    if HydraConfig.initialized():
+        overrides = [o.lstrip("+") for o in HydraConfig.get().overrides.task]
+        overrides = [o for o in overrides if o.startswith(f"{key}.")]
+    you_set = f"; you set {', '.join(overrides)}" if overrides else ""
+    return UserError(
+        f"{key} ({built_from}) refused its values: {_reason(error)}. Check the values under "
+        f"{key}{you_set}."
+    )
+
+
+def _reason(error: BaseException) -> str:
+    return (" ".join(str(error).split()) or type(error).__name__).rstrip(".")
 
 
 # ------------------------------------------------------------------------------------------------
 # Before building: the config against the signature
 
 
-def check_arguments(node: Any, key: str, provided: Mapping[str, Any] = {}) -> None:
+def check_arguments(node: Any, key: str) -> None:
     """Every object under `node` (a config with `_target_`): its target exists, takes each
-    argument given, is given each one it needs (unless `_partial_` or `provided` by the caller),
-    and each value has the type the signature declares (where a plain value can be judged)."""
+    argument given, is given each one it needs (unless `_partial_`), and each plain value has
+    the type the signature declares (numbers, bools, None, `Literal`, lists)."""
     if not isinstance(node, DictConfig):
         return
     if "_target_" not in node:
         for name, child in node.items():
             check_arguments(child, f"{key}.{name}")
         return
-    target = locate(node._target_, key)
-    name = node._target_
-    try:
-        arguments = _arguments(target)
-    except (TypeError, ValueError):  # no signature to read (some builtins): judge nothing
-        arguments = None
-    given = _given(node)
-    if arguments is not None:
-        for argument, value in given.items():
-            if argument not in arguments.names and not arguments.takes_any:
-                raise UserError(
-                    f"{key}.{argument}={_show(value)}: {name} takes no argument {argument!r} (it "
-                    f"takes {', '.join(arguments.names)}). Remove {key}.{argument} or correct "
-                    "its name."
-                )
-            hint = arguments.hints.get(argument)
-            if hint is not None and not _matches(value, hint):
-                raise UserError(
-                    f"{key}.{argument}={_show(value)} has the wrong type: {name} takes "
-                    f"{argument}: {_type_name(hint)}. Change {key}.{argument}."
-                )
-        if not node.get("_partial_", False):
-            for argument in arguments.required:
-                if argument not in given and argument not in node and argument not in provided:
-                    raise UserError(
-                        f"{key}: {name} needs {argument}. Add +{key}.{argument}=<value>."
-                    )
+    target, name = locate(node._target_, key), node._target_
+    parameters, takes_any = _parameters(target)
+    values = OmegaConf.to_container(node, resolve=True)
+    given = {k: v for k, v in values.items() if k not in HYDRA_KEYS}
+    for argument, value in given.items():
+        if argument not in parameters and not takes_any:
+            raise UserError(
+                f"{key}.{argument}={_show(value)}: {name} takes no argument {argument!r} (it "
+                f"takes {', '.join(parameters)}). Remove {key}.{argument} or correct its name."
+            )
+        hint = parameters[argument].annotation if argument in parameters else None
+        if hint is not None and not _has_type(value, hint):
+            raise UserError(
+                f"{key}.{argument}={_show(value)} has the wrong type: {name} takes "
+                f"{argument}: {_type_name(hint)}. Change {key}.{argument}."
+            )
+    if not node.get("_partial_", False):
+        for argument in _needed(target):
+            if argument not in node:
+                raise UserError(f"{key}: {name} needs {argument}. Add +{key}.{argument}=<value>.")
     if node.get("_recursive_", True):
         for argument, child in node.items():
-            if argument not in HYDRA_KEYS and argument not in provided:
+            if argument not in HYDRA_KEYS:
                 check_arguments(child, f"{key}.{argument}")
 
 
@@ -161,174 +157,97 @@ def locate(path: Any, key: str) -> Any:
     """What `_target_` names (`torch.optim.AdamW`); a UserError if it names nothing."""
     if not isinstance(path, str):
         return path
-    parts = path.split(".")
-    for depth in range(len(parts), 0, -1):
-        name = ".".join(parts[:depth])
-        try:
-            found = importlib.import_module(name)
-        except ModuleNotFoundError as error:
-            # A module the path names is missing: try its parent. A module that one imports is
-            # missing: that is the error.
-            if error.name is None or not (name + ".").startswith(error.name + "."):
-                raise
-            continue
-        for attribute in parts[depth:]:
-            if not hasattr(found, attribute):
-                raise UserError(
-                    f"{key}._target_={path}: {_has_no(found, attribute)}. Change {key}._target_."
-                )
-            found = getattr(found, attribute)
-        return found
-    raise UserError(f"{key}._target_={path}: there is no module {parts[0]}. Change {key}._target_.")
+    module_name, _, attribute = path.rpartition(".")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        # A module the path names is missing; one that module imports is another error.
+        if error.name is None or not (module_name + ".").startswith(error.name + "."):
+            raise
+        raise UserError(
+            f"{key}._target_={path}: there is no module {error.name}. Change {key}._target_."
+        ) from None
+    if not hasattr(module, attribute):
+        raise UserError(
+            f"{key}._target_={path}: {_has_no(module, attribute)}. Change {key}._target_."
+        )
+    return getattr(module, attribute)
 
 
-def _has_no(owner: Any, attribute: str) -> str:
+def _has_no(module: Any, attribute: str) -> str:
     """`kindling.models has no Nope (it has CNNClassifier, ...)`, or the closest names."""
-    names = getattr(owner, "__all__", None)
+    names = getattr(module, "__all__", None)
     if names is None:
-        names = [n for n, v in vars(owner).items() if not n.startswith("_") and inspect.isclass(v)]
-        if hasattr(owner, "__path__"):  # a package: its modules too
-            names += [m.name for m in pkgutil.iter_modules(owner.__path__)]
-    text = f"{getattr(owner, '__name__', owner)} has no {attribute}"
+        names = [n for n, v in vars(module).items() if not n.startswith("_") and callable(v)]
+    text = f"{module.__name__} has no {attribute}"
     if len(names) <= 16:
         return f"{text} (it has {', '.join(sorted(names))})"
     close = difflib.get_close_matches(attribute, names, n=3)
     return f"{text} (did you mean {' or '.join(close)}?)" if close else text
 
 
-@dataclass
-class Arguments:
-    """What a target's signature says: the named arguments it takes, whether `**kwargs` takes
-    any other, the ones it needs, and their declared types."""
-
-    names: list[str]
-    takes_any: bool
-    required: list[str]
-    hints: dict[str, Any]
-
-
-def _arguments(target: Callable[..., Any]) -> Arguments:
-    """The target's signature; a class's `**kwargs` followed into its parents' `__init__`
-    (DigitsDataModule -> InMemoryImageDataModule)."""
-    functions = [target]
+def _functions(target: Any) -> list[Any]:
+    """The functions a config's arguments go to: a class's `__init__` and, while it passes
+    `**kwargs` on, its parents' (DigitsDataModule -> InMemoryImageDataModule)."""
     if isinstance(target, type):
-        functions = [c.__init__ for c in target.__mro__ if "__init__" in vars(c)]
-    names: list[str] = []
-    hints: dict[str, Any] = {}
-    required: list[str] | None = None
-    for function in functions:
-        parameters = list(inspect.signature(function).parameters.values())
-        named = [
-            p for p in parameters
-            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self"
-        ]  # fmt: skip
-        if required is None:  # the target's own signature says what it needs
-            required = [p.name for p in named if p.default is p.empty]
-        names += [p.name for p in named if p.name not in names]
-        with contextlib.suppress(Exception):  # hints that do not evaluate: judge none of these
-            hints = {**typing.get_type_hints(function), **hints}  # a subclass's own wins
-        takes_any = any(p.kind is p.VAR_KEYWORD for p in parameters)
-        if not takes_any:
-            break
-    return Arguments(names, takes_any, required or [], hints)
+        return [c.__init__ for c in target.__mro__ if "__init__" in vars(c)]
+    return [target]
 
 
-def _matches(value: Any, hint: Any) -> bool:
-    """Whether `value` (plain, from YAML) has type `hint`; True where that cannot be told."""
+def _named(function: Any) -> list[inspect.Parameter]:
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):  # no signature to read (some builtins): takes anything
+        return [inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD)]
+    keyword = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [
+        p for p in parameters if p.name != "self" and (p.kind in keyword or p.kind is p.VAR_KEYWORD)
+    ]
+
+
+def _parameters(target: Any) -> tuple[dict[str, inspect.Parameter], bool]:
+    """The named arguments `target` takes (a subclass's own first), and whether it takes any
+    other name (`**kwargs` that no parent's signature ends)."""
+    parameters: dict[str, inspect.Parameter] = {}
+    for function in _functions(target):
+        named = _named(function)
+        for p in named:
+            if p.kind is not p.VAR_KEYWORD:
+                parameters.setdefault(p.name, p)
+        if not any(p.kind is p.VAR_KEYWORD for p in named):
+            return parameters, False
+    return parameters, True
+
+
+def _needed(target: Any) -> list[str]:
+    """The arguments the target's own signature needs (its parents' it may pass itself)."""
+    named = _named(_functions(target)[0])
+    return [p.name for p in named if p.kind is not p.VAR_KEYWORD and p.default is p.empty]
+
+
+def _has_type(value: Any, hint: Any) -> bool:
+    """Whether `value` (plain, from YAML) has type `hint`; True where a hint says nothing a YAML
+    value can be judged by (a string, a path, a class: its own code judges it)."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (typing.Union, UnionType):
-        return any(_matches(value, a) for a in args)
+        return any(_has_type(value, a) for a in args)
     if origin is typing.Literal:
         return value in args
     if hint in (None, type(None)):
         return value is None
-    if hint is float:
-        return isinstance(value, int | float) and not isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
     if hint is bool:
         return isinstance(value, bool)
-    if hint is torch.Tensor:  # `lr: float | Tensor`: from a config, a number
-        return isinstance(value, int | float) and not isinstance(value, bool)
-    if origin in (list, tuple, Sequence) or hint in (list, tuple, Sequence):
-        items = [a for a in args if a is not Ellipsis]
-        return isinstance(value, list | tuple) and all(
-            any(_matches(v, a) for a in items) for v in value if items
-        )
-    # A string, a path, a class...: any value may be meant for it, and its own code judges it.
+    if hint in (int, float, torch.Tensor):  # a Tensor (`lr: float | Tensor`) is a number here
+        number = int if hint is int else int | float
+        return isinstance(value, number) and not isinstance(value, bool)
+    if (origin or hint) in (list, tuple, Sequence):
+        return isinstance(value, list | tuple)
     return True
 
 
 def _type_name(hint: Any) -> str:
     text = hint.__name__ if isinstance(hint, type) else str(hint)
     return re.sub(r"\b(typing|collections\.abc)\.", "", text)
-
-
-# ------------------------------------------------------------------------------------------------
-# While building: a value the target refused
-
-
-def refusal(
-    error: BaseException, key: str, name: str, given: Mapping[str, Any]
-) -> UserError | None:
-    """The one line for `error`, raised by the target of the config at `key` refusing its
-    values; None if it is not a refusal (a bug keeps its traceback)."""
-    if isinstance(error, ImportError):  # `logger=wandb` without wandb installed
-        return UserError(f"{key} ({name}) needs a package that is missing: {_reason(error)}.")
-    if not isinstance(error, REFUSALS):
-        return None
-    overrides = _overrides_under(key)
-    suspect = _suspect(str(error), given, overrides)
-    if suspect is not None:
-        return UserError(
-            f"{key}.{suspect}={_show(given[suspect])} is refused by {name}: {_reason(error)}. "
-            f"Change {key}.{suspect}."
-        )
-    values = overrides or [f"{key}.{k}={_show(v)}" for k, v in given.items()]
-    return UserError(
-        f"{key} ({name}) refused its values: {_reason(error)}. Check the values under {key}"
-        f"{'; you set ' if overrides else ': '}{', '.join(values)}."
-    )
-
-
-def _suspect(message: str, given: Mapping[str, Any], overrides: list[str]) -> str | None:
-    """The one argument the message names, or whose value it quotes, if any; of several named,
-    the one set on the command line."""
-    named = [a for a in given if re.search(rf"\b{re.escape(a)}\b", message)]
-    if len(named) > 1:
-        named = [a for a in named if any(o.split("=")[0].endswith(f".{a}") for o in overrides)]
-    if len(named) == 1:
-        return named[0]
-    quoted = [
-        a
-        for a, v in given.items()
-        if isinstance(v, int | float | str)
-        and not isinstance(v, bool)
-        and str(v)
-        and re.search(rf"(?<![\w.]){re.escape(str(v))}(?![\w.])", message)
-    ]
-    return quoted[0] if len(quoted) == 1 else None
-
-
-def _overrides_under(key: str) -> list[str]:
-    """The command-line overrides of keys under `key` (`model.net.num_heads=3`)."""
-    if not HydraConfig.initialized():
-        return []
-    overrides = [o.lstrip("+") for o in HydraConfig.get().overrides.task if "=" in o]
-    return [o for o in overrides if o.startswith(f"{key}.")]
-
-
-def _given(node: DictConfig) -> dict[str, Any]:
-    """The arguments `node` gives as plain values (nested objects left out)."""
-    values = OmegaConf.to_container(node, resolve=True)
-    return {k: v for k, v in values.items() if k not in HYDRA_KEYS and not _holds_objects(v)}
-
-
-def _holds_objects(value: Any) -> bool:
-    """Whether `value` holds configs of objects (`trainer.plugins`), which Hydra builds."""
-    if isinstance(value, dict):
-        return "_target_" in value or any(_holds_objects(v) for v in value.values())
-    return isinstance(value, list) and any(_holds_objects(v) for v in value)
 
 
 def _show(value: Any) -> str:
@@ -340,8 +259,3 @@ def _show(value: Any) -> str:
     if isinstance(value, list | tuple):
         return f"[{', '.join(_show(v) for v in value)}]"
     return str(value)
-
-
-def _reason(error: BaseException) -> str:
-    text = " ".join(str(error).split()) or type(error).__name__
-    return text.rstrip(".")
