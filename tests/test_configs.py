@@ -304,7 +304,7 @@ def test_help_lists_every_option_of_the_groups_a_user_picks() -> None:
               "optimizer@model.optimizer": "optimizer", "trainer": "trainer", "logger": "logger",
               "experiment": "experiment", "debug": "debug"}  # fmt: skip
     # Subfolders that are not options: groups of their own, and _base (what the options extend).
-    nested = {"data": ["augment"], "model": ["_base"]}
+    nested = {"data": ["augment", "_base"], "model": ["_base"]}
     for name, folder in groups.items():
         root = CONFIG_DIR / folder
         files = {
