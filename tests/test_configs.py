@@ -303,7 +303,8 @@ def test_help_lists_every_option_of_the_groups_a_user_picks() -> None:
     groups = {"data": "data", "data/augment": "data/augment", "model": "model",
               "optimizer@model.optimizer": "optimizer", "trainer": "trainer", "logger": "logger",
               "experiment": "experiment", "debug": "debug"}  # fmt: skip
-    nested = {"data": ["augment"]}  # subfolders that are groups of their own
+    # Subfolders that are not options: groups of their own, and _base (what the options extend).
+    nested = {"data": ["augment", "_base"], "model": ["_base"]}
     for name, folder in groups.items():
         root = CONFIG_DIR / folder
         files = {

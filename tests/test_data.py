@@ -28,7 +28,7 @@ from kindling.data import (
 )
 from kindling.data.loaders import per_device_batch_size
 
-from conftest import CONFIG_DIR
+from conftest import compose_in
 from torchvision_files import (
     CIFAR10_ARCHIVE,
     CIFAR10_FOLDER,
@@ -53,9 +53,8 @@ PROXY_VARIABLES = (
 
 
 def config_value(config: str, key: str):
-    """A value of configs/data/<config>.yaml, as a plain Python object."""
-    cfg = OmegaConf.load(CONFIG_DIR / "data" / f"{config}.yaml")
-    value = cfg[key]
+    """A value of `data=<config>` (its file, or the _base it extends), as a plain Python object."""
+    value = compose_in(Path(), f"data={config}").data[key]
     return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
 
 

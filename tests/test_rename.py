@@ -67,7 +67,7 @@ def test_rename_leaves_no_trace_of_the_old_name(repo: Path) -> None:
     assert (repo / "src" / "mynet" / "train.py").is_file()
     assert files_mentioning(repo, "kindling") == []
     assert 'name = "mynet"' in (repo / "pyproject.toml").read_text()
-    assert "_target_: mynet.modules.Classifier" in (repo / "configs/model/cnn.yaml").read_text()
+    assert "_target_: mynet.models.CNNClassifier" in (repo / "configs/model/cnn.yaml").read_text()
     assert "from mynet.train import run" in (repo / "train.py").read_text()
 
 
