@@ -8,12 +8,11 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, ParamSpec, TypeVar, get_args
+from typing import Any, TypeVar, get_args
 
 from kindling.config.errors import UserError, find_user_error, message
 
 Args = TypeVar("Args")
-P = ParamSpec("P")
 R = TypeVar("R")
 
 
@@ -67,14 +66,14 @@ def _read(arg: str, kind: Any, usage: str) -> Any:
         raise UserError(f"{arg!r}: {name} must be {what}. Usage: {usage}") from None
 
 
-def main(command: Callable[P, R]) -> Callable[P, R]:
+def main(command: Callable[..., R]) -> Callable[..., R]:
     """`command`, a tool's main, ended by a UserError (also one behind another error: Hydra's
     instantiate wraps them) with its message alone and exit status 1, printed by the first
     process only where every process meets it. HYDRA_FULL_ERROR=1 raises it, as train.py does,
     and Python prints the traceback."""
 
     @functools.wraps(command)
-    def run(*args: P.args, **kwargs: P.kwargs) -> R:
+    def run(*args: Any, **kwargs: Any) -> R:
         try:
             return command(*args, **kwargs)
         except Exception as error:
