@@ -1,6 +1,7 @@
 """Every config mistake ends in one line naming its key and value, whenever the object is built;
 a bug in the project's own code keeps its traceback."""
 
+import importlib
 import traceback
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from kindling.config.instantiate import ConfigFactory, build
 from kindling.data.text import Vocabulary
 from kindling.train import run
 
-from conftest import QUIET, error_lines, train_py
+from conftest import QUIET, error_lines, prepare_cfg, train_py
 
 # fast_dev_run without debug=fdr, which turns off the logger and early stopping.
 FAST = ["trainer=cpu", "++trainer.fast_dev_run=true", *QUIET]
@@ -240,3 +241,38 @@ def test_full_error_shows_the_whole_traceback(tmp_path: Path, monkeypatch) -> No
     assert "Traceback" in output
     assert 'raise ValueError("num_layers must be greater than zero")' in output
     assert "model.net (kindling.models.LSTMClassifier) refused its values" in output
+
+
+@pytest.mark.parametrize(
+    ("tool", "argv", "named"),
+    [
+        ("predict", ["ckpt_path=m.ckpt", "input=test", "colour=red"], "'colour=red'"),
+        ("predict", ["ckpt_path=m.ckpt"], "Missing mandatory value: input"),
+        ("export", ["ckpt_path=m.ckpt", "colour=red"], "'colour=red'"),
+        ("export", ["format=onnx"], "Missing mandatory value: ckpt_path"),
+        ("sample", ["ckpt_path=m.ckpt", "colour=red"], "'colour=red'"),
+        ("sample", ["length=5"], "Missing mandatory value: ckpt_path"),
+        ("report", ["colour=red"], "colour=red has no job folders"),  # not a key: a folder
+        ("report", [], "Missing mandatory value: sweep_dirs"),
+        # Hydra reads prepare's overrides (config groups), and refuses an unknown key itself.
+        ("prepare", ["data=digits"], "output=<folder>"),
+    ],
+)
+def test_every_tool_names_a_bad_argument_in_one_line_and_exits_1(
+    tool: str, argv: list[str], named: str, caplog, monkeypatch, tmp_path: Path
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    main = importlib.import_module(f"kindling.{tool}").main
+    with pytest.raises(SystemExit) as stopped:
+        main(prepare_cfg(*argv) if tool == "prepare" else argv)  # Hydra's main takes a config
+    assert stopped.value.code == 1
+    (line,) = error_lines(caplog)
+    assert named in line, line
+
+
+def test_full_error_raises_a_tools_mistake(monkeypatch) -> None:
+    from kindling import report
+
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "1")
+    with pytest.raises(UserError, match="sweep_dirs"):
+        report.main([])

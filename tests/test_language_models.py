@@ -18,6 +18,7 @@ from omegaconf import OmegaConf, open_dict
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.flop_counter import FlopCounterMode
 
+from kindling import cli
 from kindling import sample as sample_cli
 from kindling.config.errors import UserError
 from kindling.data import CharTextDataModule
@@ -32,7 +33,7 @@ from kindling.models import (
 from kindling.modules import LanguageModel
 from kindling.train import run
 
-from conftest import PYTHON, QUIET, train_py
+from conftest import PYTHON, QUIET, error_lines, train_py
 
 FAMILIES = ["rnn", "lstm", "transformer"]
 
@@ -378,6 +379,11 @@ def test_the_nanogpt_recipe_runs_by_steps_and_tests_on_the_validation_text(
     assert test == [pytest.approx(min(val.values()), rel=1e-5)]  # the best checkpoint, same text
 
 
+def sampled(argv: list[str]) -> str:
+    """The text `python -m kindling.sample <argv>` prints."""
+    return sample_cli.sample(cli.parse(sample_cli.SampleArgs, argv, sample_cli.USAGE))
+
+
 def test_sampling_needs_only_the_checkpoint(compose_config, tmp_path, monkeypatch) -> None:
     corpus = tmp_path / "tiny.txt"
     corpus.write_text(TINY_CORPUS, encoding="utf-8")
@@ -389,7 +395,7 @@ def test_sampling_needs_only_the_checkpoint(compose_config, tmp_path, monkeypatc
     monkeypatch.chdir(checkpoint.parent)  # no configs/ folder here
 
     def sample(*args: str) -> str:
-        return sample_cli.main([f"ckpt_path={checkpoint}", "prompt=Simple", "length=80", *args])
+        return sampled([f"ckpt_path={checkpoint}", "prompt=Simple", "length=80", *args])
 
     text = sample("seed=0", "temperature=1.0", "top_k=10")
     assert text.startswith("Simple") and len(text) == len("Simple") + 80
@@ -414,7 +420,7 @@ def test_the_experiment_trains_and_samples_on_the_gpu(compose_config, tmp_path) 
     def sample(seed: int) -> str:
         checkpoint = run_dir / "checkpoints" / "last.ckpt"
         argv = [f"ckpt_path={checkpoint}", "device=cuda", "prompt=Simple", "length=60"]
-        return sample_cli.main([*argv, f"seed={seed}"])
+        return sampled([*argv, f"seed={seed}"])
 
     text = sample(0)
     assert text.startswith("Simple") and len(text) == len("Simple") + 60
@@ -424,7 +430,7 @@ def test_the_experiment_trains_and_samples_on_the_gpu(compose_config, tmp_path) 
 
 def test_sampling_a_classifier_checkpoint_is_a_user_error(trained_run) -> None:
     with pytest.raises(UserError, match="not a LanguageModel"):
-        sample_cli.main([f"ckpt_path={trained_run.last_checkpoint}"])
+        sampled([f"ckpt_path={trained_run.last_checkpoint}"])
 
 
 @pytest.mark.parametrize(
@@ -437,13 +443,17 @@ def test_sampling_a_classifier_checkpoint_is_a_user_error(trained_run) -> None:
         (["ckpt_path=missing.ckpt"], "does not exist"),
     ],
 )
-def test_bad_sample_arguments_are_user_errors(argv: list[str], message: str) -> None:
-    with pytest.raises(UserError, match=message):
+def test_bad_sample_arguments_are_one_line(argv: list[str], message: str, caplog) -> None:
+    with pytest.raises(SystemExit) as stopped:
         sample_cli.main(argv)
+    assert stopped.value.code == 1
+    (line,) = error_lines(caplog)
+    assert message in line, line
 
 
 def test_sample_arguments_are_read_like_overrides() -> None:
-    args = sample_cli.parse_args(["ckpt_path=x.ckpt", "prompt=a\\nb", "top_k=null", "length=7"])
+    argv = ["ckpt_path=x.ckpt", "prompt=a\\nb", "top_k=null", "length=7"]
+    args = cli.parse(sample_cli.SampleArgs, argv, sample_cli.USAGE)
     assert args.prompt == "a\nb" and args.top_k is None and args.length == 7
 
 

@@ -17,7 +17,7 @@ from torchvision.io import write_png
 from kindling import predict as predict_command
 from kindling import sample as sample_command
 from kindling.config.errors import UserError
-from kindling.loading import load_module
+from kindling.loading import data_state, load_module
 from kindling.predict import PredictArgs, predict
 from kindling.train import run
 
@@ -405,3 +405,10 @@ def test_overwrite_replaces_a_file_and_a_csv_of_predictions_is_replaced_as_it_st
     predict(PredictArgs(**args))  # its own earlier result: no overwrite=true needed
     assert len(read_rows(notes)) == 359
     assert [path.name for path in tmp_path.iterdir()] == ["notes.txt"]  # no partial file left
+
+
+def test_a_checkpoint_without_statistics_is_refused_by_predict_and_export_alike() -> None:
+    for state, what in (({}, "image"), ({"features": ["x"]}, "feature")):
+        checkpoint = {"config": {"data": {"_target_": "kindling.data.X"}}, "X": state}
+        with pytest.raises(UserError, match=f"m.ckpt has no {what} statistics"):
+            data_state(checkpoint, "m.ckpt")

@@ -11,7 +11,7 @@ import yaml
 
 from kindling.report import build_report, configuration_rows, job_rows, main, markdown
 
-from conftest import train_py
+from conftest import error_lines, train_py
 
 
 def write_job(
@@ -107,7 +107,7 @@ def test_a_multirun_extended_by_another_is_reported_with_it(tmp_path: Path) -> N
     for sweep, seeds in ((first, (0, 1)), (later, (2,))):
         for number, seed in enumerate(seeds):
             write_job(sweep, number, ["model=cnn", f"seed={seed}"], results={"val/acc_best": seed})
-    assert main([str(first), str(later)]) == 0
+    main([str(first), str(later)])
     jobs = read_csv(first / "jobs.csv")
     assert [row["job"] for row in jobs] == ["0", "1", "later/0"]
     (configuration,) = read_csv(first / "configurations.csv")
@@ -151,12 +151,15 @@ def test_a_multirun_over_folds_reports_at_its_end_and_the_report_rebuilds(tmp_pa
         (sweep / name).unlink()
     moved = tmp_path / "moved"
     shutil.move(sweep, moved)
-    assert main([str(moved)]) == 0
+    main([str(moved)])
     for name, text in written.items():
         assert (moved / name).read_text() == text.replace(str(sweep), str(moved))
     assert (moved / "report.png").is_file()
 
 
-def test_a_folder_without_jobs_is_refused_in_one_line(tmp_path: Path, capsys) -> None:
-    assert main([str(tmp_path)]) == 1
-    assert "has no job folders" in capsys.readouterr().err
+def test_a_folder_without_jobs_is_refused_in_one_line(tmp_path: Path, caplog) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        main([str(tmp_path)])
+    assert stopped.value.code == 1
+    (line,) = error_lines(caplog)
+    assert "has no job folders" in line, line

@@ -34,12 +34,12 @@ import lightning as L
 import numpy as np
 import torch
 
-from kindling.config.cli_args import parse_cli_args
+from kindling import cli
 from kindling.config.errors import UserError
 from kindling.data.normalize import to_model_input
 from kindling.garbage_collection import skip_collections_at_exit
 from kindling.known_warnings import ignore_unhelpful_warnings
-from kindling.loading import load_module
+from kindling.loading import data_state, load_module
 from kindling.modules.classifier import Classifier
 
 log = logging.getLogger("kindling")
@@ -49,7 +49,7 @@ FORMATS = {"onnx": ".onnx", "torch_export": ".pt2"}
 
 @dataclass
 class ExportArgs:
-    ckpt_path: str = "???"  # a checkpoint written by train.py
+    ckpt_path: str  # a checkpoint written by train.py
     output: str | None = None  # path without suffix; null: the checkpoint's, less .ckpt
     format: str = "both"  # both | onnx | torch_export
     tolerance: float = 1e-4  # the largest absolute logit difference an export may have
@@ -106,11 +106,7 @@ def export(args: ExportArgs) -> list[Path]:
 
 def consumer_facts(checkpoint: dict[str, Any], ckpt_path: str) -> dict[str, Any]:
     """What running the exported model needs: inputs and their normalisation, class names."""
-    data_cfg = checkpoint["config"]["data"]
-    state = checkpoint.get(data_cfg["_target_"].rsplit(".", 1)[-1], {})
-    if state.get("mean") is None:
-        what = "feature" if "features" in state else "image"
-        raise UserError(f"{ckpt_path} has no {what} statistics: retrain with this version.")
+    data_cfg, state = data_state(checkpoint, ckpt_path)
     num_classes = checkpoint["config"]["model"]["num_classes"]
     if state.get("features") is not None:  # data=sequences
         inputs = {
@@ -298,17 +294,13 @@ def cannot_export(exporter: str, family: str, error: Exception) -> UserError:
 EXPORTERS = {"onnx": export_onnx, "torch_export": export_program}
 
 
+@cli.main
 def main(argv: list[str]) -> None:
     # The exporters' own INFO lines (graph passes) are not the user's business.
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     log.setLevel(logging.INFO)
     ignore_unhelpful_warnings()
-    try:
-        args = parse_cli_args(ExportArgs, argv, USAGE)
-        written = export(args)
-    except UserError as error:
-        log.error("%s", error)
-        sys.exit(1)
+    written = export(cli.parse(ExportArgs, argv, USAGE))
     log.info("Exported: %s", ", ".join(str(path) for path in written))
 
 

@@ -90,3 +90,16 @@ def _buildable_from_checkpoint(target: Any) -> bool:
     except Exception:
         return False
     return isinstance(found, type) or target.startswith(STORED_FUNCTION_PACKAGES)
+
+
+def data_state(
+    checkpoint: dict[str, Any], path: str | Path
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The checkpoint's data config and its data module's state (the training set's statistics,
+    per channel or per feature); a checkpoint without statistics is refused."""
+    data_cfg = checkpoint["config"]["data"]
+    state = checkpoint.get(data_cfg["_target_"].rsplit(".", 1)[-1], {})
+    if state.get("mean") is None:
+        what = "feature" if "features" in state else "image"
+        raise UserError(f"{path} has no {what} statistics: retrain with this version.")
+    return data_cfg, state

@@ -38,7 +38,7 @@ from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.utilities import rank_zero_only
 from torch.utils.data import DataLoader, Dataset, default_collate
 
-from kindling.config.cli_args import parse_cli_args
+from kindling import cli
 from kindling.config.errors import UserError
 from kindling.data.folder import IMAGE_SUFFIXES, image_files
 from kindling.data.image_files import UnreadableImage, read_image
@@ -49,15 +49,15 @@ from kindling.data.sequences import Sequences
 from kindling.files import probe_writable, write_atomically
 from kindling.garbage_collection import skip_collections_at_exit
 from kindling.hardware import best_precision
-from kindling.loading import instantiate_stored, load_module
+from kindling.loading import data_state, instantiate_stored, load_module
 
 log = logging.getLogger("kindling")
 
 
 @dataclass
 class PredictArgs:
-    ckpt_path: str = "???"  # a checkpoint written by train.py
-    input: str = "???"  # a folder of image files, a table of sequences, or a split: test | val
+    ckpt_path: str  # a checkpoint written by train.py
+    input: str  # a folder of image files, a table of sequences, or a split: test | val
     output: str = "predictions.csv"
     overwrite: bool = False  # replace an output file that is not a CSV of predictions
     batch_size: int = 256
@@ -289,12 +289,8 @@ def predict(args: PredictArgs) -> Path:
     """Write the predictions CSV; return its path."""
     output = check_output(args)
     module, checkpoint = load_module(args.ckpt_path)
-    data_cfg = checkpoint["config"]["data"]
-    state = checkpoint.get(data_cfg["_target_"].rsplit(".", 1)[-1], {})
+    data_cfg, state = data_state(checkpoint, args.ckpt_path)
     is_sequences = state.get("features") is not None
-    if state.get("mean") is None:
-        what = "feature" if "features" in state else "image"
-        raise UserError(f"{args.ckpt_path} has no {what} statistics: retrain with this version.")
     class_names = state.get("classes")
     if args.devices < 1:
         raise UserError(f"devices={args.devices}: give the number of processes, 1 or more.")
@@ -358,17 +354,12 @@ def _predict_split(
     return names, rows
 
 
+@cli.main
 def main(argv: list[str]) -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    try:
-        args = parse_cli_args(PredictArgs, argv, USAGE)
-        output = predict(args)
-    except UserError as error:
-        if rank_zero_only.rank == 0:  # every process meets the same mistake
-            logging.getLogger("kindling").error("%s", error)
-        sys.exit(1)
-    if rank_zero_only.rank == 0:
-        logging.getLogger("kindling").info("Predictions: %s", output)
+    output = predict(cli.parse(PredictArgs, argv, USAGE))
+    if rank_zero_only.rank == 0:  # every process writes its part; the first, the CSV
+        log.info("Predictions: %s", output)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ import logging
 import multiprocessing
 import shlex
 import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +32,9 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from torch.utils.data import Dataset
 
 import kindling
+from kindling import cli
 from kindling.config import resolvers  # noqa: F401 - importing registers the resolvers
-from kindling.config.errors import UserError, find_user_error
+from kindling.config.errors import UserError
 from kindling.config.instantiate import build, check_arguments
 from kindling.data.loaders import default_num_workers
 from kindling.data.prepared import FORMAT, IMAGES, METADATA_FILE, SEQUENCES, SPLITS, is_remote
@@ -63,6 +63,8 @@ def prepared_sequence(dataset: Sequences, index: int) -> dict:
 
 def prepare(cfg: DictConfig) -> Path:
     """Write the prepared copy that `cfg` describes; return its folder."""
+    if OmegaConf.is_missing(cfg, "output"):
+        raise UserError("Give the folder to write the copy into: output=<folder>.")
     output = Path(cfg.output)
     if is_remote(cfg.output):
         raise UserError(
@@ -170,17 +172,11 @@ def train_command(output: Path, kind: str) -> str:
 
 
 @hydra.main(version_base="1.3", config_path=str(CONFIGS), config_name="prepare")
+@cli.main
 def main(cfg: DictConfig) -> None:
-    try:
-        if cfg.get("seed") is not None:
-            L.seed_everything(cfg.seed, verbose=False)
-        prepare(cfg)
-    except Exception as error:
-        user_error = find_user_error(error)
-        if user_error is None:
-            raise
-        log.error("%s", user_error)
-        sys.exit(1)
+    if cfg.get("seed") is not None:
+        L.seed_everything(cfg.seed, verbose=False)
+    prepare(cfg)
 
 
 if __name__ == "__main__":

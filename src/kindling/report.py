@@ -10,7 +10,6 @@ interrupted multirun is rebuilt the same way. `python -m kindling.report <sweep>
 ...` reports a multirun together with those that extended it (more seeds, folds or trials).
 """
 
-import argparse
 import csv
 import io
 import statistics
@@ -20,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kindling import cli
 from kindling.config.errors import UserError
 from kindling.files import write_atomically
 from kindling.run.job_record import JOB_FILE, RESULTS_FILE, TRIAL_FILE, read_yaml
@@ -328,23 +328,19 @@ def write_report(sweep_dir: str | Path, *more_sweep_dirs: str | Path) -> str:
     return f"{text}\nWritten to {report.sweep_dir}: {', '.join(written)}"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m kindling.report",
-        description="Tables and a plot of a multirun's jobs, rebuilt from its folders.",
-    )
-    parser.add_argument("sweep_dir", help="the multirun's folder: logs/<task>/multiruns/<stamp>")
-    parser.add_argument(
-        "more_sweep_dirs", nargs="*", help="multiruns that extended it (more seeds, folds, trials)"
-    )
-    args = parser.parse_args(argv)
-    try:
-        print(write_report(args.sweep_dir, *args.more_sweep_dirs))
-    except UserError as error:
-        print(error, file=sys.stderr)
-        return 1
-    return 0
+@dataclass
+class ReportArgs:
+    sweep_dirs: list[str]  # the multirun's folder, then those that extended it
+
+
+USAGE = "python -m kindling.report <multirun folder> [<multirun that extended it> ...]"
+
+
+@cli.main
+def main(argv: Sequence[str]) -> None:
+    args = cli.parse(ReportArgs, argv, USAGE, positional="sweep_dirs")
+    print(write_report(*args.sweep_dirs))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main(sys.argv[1:])

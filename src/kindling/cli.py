@@ -1,0 +1,91 @@
+"""One pattern for kindling's module commands (`python -m kindling.predict`, export, sample,
+prepare, report): `key=value` arguments read into a dataclass, and one way to fail, a UserError
+printed as its one line with exit status 1."""
+
+import dataclasses
+import functools
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar, get_args
+
+from kindling.config.errors import UserError, find_user_error, message
+
+Args = TypeVar("Args")
+R = TypeVar("R")
+
+
+def parse(
+    args_class: type[Args], argv: Sequence[str], usage: str, positional: str | None = None
+) -> Args:
+    """`argv`'s `key=value` arguments read into the dataclass `args_class` by its fields' types
+    (`null`: None where a field may be None). Text is taken as typed, never parsed as YAML: a
+    prompt or a path stays what the shell gave. Other arguments fill the list field
+    `positional`, where the command takes one. `-h`/`--help` prints the command's doc and its
+    arguments. A mistake is a UserError naming the argument, with the usage."""
+    fields = dataclasses.fields(args_class)  # type: ignore[arg-type]
+    if {"-h", "--help"} & set(argv):
+        print(sys.modules[args_class.__module__].__doc__)
+        for field in fields:
+            default = "<required>" if field.default is dataclasses.MISSING else repr(field.default)
+            help = f"  # {field.metadata['help']}" if "help" in field.metadata else ""
+            print(f"    {field.name}={default}{help}")
+        sys.exit(0)
+    types = {field.name: field.type for field in fields if field.name != positional}
+    values: dict[str, Any] = {}
+    for arg in argv:
+        name, sep, _ = arg.partition("=")
+        if positional and (not sep or name not in types):
+            values.setdefault(positional, []).append(arg)
+        elif not sep or name not in types:
+            raise UserError(
+                f"Unknown argument {arg!r}: give key=value, a key among {', '.join(types)}. "
+                f"Usage: {usage}"
+            )
+        else:
+            values[name] = _read(arg, types[name], usage)
+    for field in fields:
+        required = field.default is field.default_factory is dataclasses.MISSING
+        if required and field.name not in values:
+            raise UserError(f"Missing mandatory value: {field.name}. Usage: {usage}")
+    return args_class(**values)
+
+
+def _read(arg: str, kind: Any, usage: str) -> Any:
+    name, _, text = arg.partition("=")
+    kinds = get_args(kind) or (kind,)  # `int | None`: int, or None
+    if text == "null" and type(None) in kinds:
+        return None
+    try:
+        if kinds[0] is bool:
+            return {"true": True, "false": False}[text.lower()]
+        return kinds[0](text)
+    except (KeyError, ValueError):
+        what = "true or false" if kinds[0] is bool else "a number"
+        raise UserError(f"{arg!r}: {name} must be {what}. Usage: {usage}") from None
+
+
+def main(command: Callable[..., R]) -> Callable[..., R]:
+    """`command`, a tool's main, ended by a UserError (also one behind another error: Hydra's
+    instantiate wraps them) with its message alone and exit status 1, printed by the first
+    process only where every process meets it. HYDRA_FULL_ERROR=1 raises it, as train.py does,
+    and Python prints the traceback."""
+
+    @functools.wraps(command)
+    def run(*args: Any, **kwargs: Any) -> R:
+        try:
+            return command(*args, **kwargs)
+        except Exception as error:
+            user_error = find_user_error(error)
+            if user_error is None or os.environ.get("HYDRA_FULL_ERROR") == "1":
+                raise
+            # Imported here: report runs without Lightning otherwise.
+            from lightning.pytorch.utilities import rank_zero_only
+
+            if rank_zero_only.rank == 0 or not user_error.raised_on_every_rank:
+                logging.basicConfig(format="%(message)s")  # a command that set up no logging
+                logging.getLogger("kindling").error("%s", message(user_error))
+            sys.exit(1)
+
+    return run
