@@ -10,6 +10,8 @@ with long_lived_imports():
     import hydra
     from omegaconf import DictConfig
 
+    from kindling.config.errors import UserError
+    from kindling.run.run_folder import check_launch
     from kindling.run.stored_overrides import with_checkpoint_overrides
     from kindling.train import run
 
@@ -25,4 +27,8 @@ if __name__ == "__main__":
     # `ckpt_path=<file>`: the run is composed with the overrides it was trained with, then the
     # command's (kindling/run/stored_overrides.py).
     sys.argv[1:] = with_checkpoint_overrides(sys.argv[1:])
+    try:
+        check_launch()
+    except UserError as error:
+        sys.exit(str(error))  # one line on stderr, exit status 1
     main()

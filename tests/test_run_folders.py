@@ -19,7 +19,7 @@ from kindling.config.errors import UserError
 from kindling.run import folder_lock, run_folder
 from kindling.train import run
 
-from conftest import CONFIG_DIR, PYTHON, QUIET, copy_run, error_lines, start_train_py
+from conftest import CONFIG_DIR, PYTHON, QUIET, copy_run, error_lines, start_train_py, train_py
 
 LAUNCHER_VARIABLES = [
     "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "RANK", "WORLD_SIZE", "SLURM_JOB_ID",
@@ -271,3 +271,17 @@ def test_a_second_resume_of_a_live_run_is_refused_naming_it(
     assert f"{run_dir} is in use by process {first.pid} on " in line
     assert "train.py" in line  # its command
     assert not (run_dir / "csv" / "hparams_resumed_2.yaml").exists()
+
+
+def test_train_py_refuses_a_torchrun_launch_without_an_id_in_one_line(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Before Hydra composes: a refusal while it resolves the run folder would end a traceback."""
+    for name, value in {"TORCHELASTIC_RUN_ID": "none", "RANK": "0", "WORLD_SIZE": "1"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    result = train_py("trainer.max_epochs=1", cwd=tmp_path)
+    assert result.returncode == 1
+    (line,) = (result.stdout + result.stderr).strip().splitlines()
+    assert line.startswith("torchrun started this run without an id of its own")
+    assert not (tmp_path / "logs").exists()

@@ -88,6 +88,13 @@ def torchrun_name() -> str | None:
     return f"torchrun-{run_id}" + (f"-{restart}" if restart != "0" else "")
 
 
+def check_launch() -> None:
+    """Refuse a launch whose ranks cannot name one run folder, before Hydra composes (a refusal
+    while Hydra resolves the run folder would come at the end of its traceback)."""
+    if slurm_name() is None:
+        torchrun_name()
+
+
 def launch_rank() -> int:
     """This process's rank in its launch: torchrun's RANK, srun's SLURM_PROCID, else 0."""
     return _launch()[0]
