@@ -509,21 +509,14 @@ def test_the_lightning_kindling_asks_for_is_the_one_it_was_tested_with() -> None
     assert lightning == Requirement(internals.SUPPORTED)
 
 
-SIGTERM_AT_FIT_END = """
-import os, signal
-import lightning as L
-
-class SigtermAtFitEnd(L.Callback):
-    def on_fit_end(self, trainer, pl_module):  # training is over, testing not begun
-        os.kill(os.getpid(), signal.SIGTERM)
-"""
-
-
 def test_a_sigterm_between_stages_ends_the_run_with_143_and_says_so(tmp_path: Path) -> None:
-    (tmp_path / "sigterm_at.py").write_text(textwrap.dedent(SIGTERM_AT_FIT_END))
+    (tmp_path / "signal_at.py").write_text(textwrap.dedent(SIGNAL_AT))
+    (tmp_path / "pids").mkdir()
+    # At the end of fit (5 steps): training is over, testing not begun.
     result = train_py(
         "trainer=cpu", "debug=limit", "trainer.max_epochs=1", *QUIET,
-        "+callbacks.sigterm_at._target_=sigterm_at.SigtermAtFitEnd",
+        "+callbacks.signal_at._target_=signal_at.SignalAt", "+callbacks.signal_at.hook=on_fit_end",
+        "+callbacks.signal_at.step=5", f"+callbacks.signal_at.pid_dir={tmp_path / 'pids'}",
         cwd=tmp_path, module_dir=tmp_path,
     )  # fmt: skip
     output = result.stdout + result.stderr
