@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from lightning.pytorch.callbacks import ModelCheckpoint
 from plain_train import data_loaders, parse_args
 
-from kindling.models import CNNClassifier
+from kindling.models.cnn import CNNClassifier
 
 
 class BareClassifier(L.LightningModule):

@@ -36,9 +36,9 @@ from torch.utils.data import DataLoader
 from torchvision import datasets
 from torchvision.transforms import v2
 
-from kindling.data import ImageFolderDataModule
 from kindling.data.augment import BatchAugment
-from kindling.models import CNNClassifier
+from kindling.data.image_folder import ImageFolderDataModule
+from kindling.models.cnn import CNNClassifier
 
 PADDING = 4
 

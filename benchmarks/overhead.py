@@ -11,7 +11,7 @@ weights), with the same optimizer, batch size, precision and batches of the same
 - plain: the loop everyone writes (`.to(device)`, forward, loss, backward, step);
 - lightning: the same step in a bare LightningModule, in a Trainer with no callbacks, logger,
   progress bar or checkpointing: the cost of Lightning's loop alone;
-- kindling: `kindling.modules.Classifier` in the Trainer that `train.py` builds
+- kindling: `kindling.modules.classifier.Classifier` in the Trainer that `train.py` builds
   (`kindling.train.build_trainer`): the default callbacks (checkpoints, early stopping, progress
   bar, model summary, learning-rate monitor, divergence check, device report, plots), the four
   that every run has (config and provenance in the checkpoint, random state, metrics kept on

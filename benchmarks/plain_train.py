@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from sklearn.datasets import load_digits
 from torch.utils.data import DataLoader, TensorDataset
 
-from kindling.models import CNNClassifier
+from kindling.models.cnn import CNNClassifier
 
 
 def standardised(images, labels, train, val, test_images, test_labels):

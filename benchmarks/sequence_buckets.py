@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from kindling.data.sequences import SequenceTableDataModule
-from kindling.models import LSTMClassifier
+from kindling.models.recurrent import LSTMClassifier
 
 FEATURES = 12
 

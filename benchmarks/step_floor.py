@@ -34,7 +34,7 @@ from overhead import BareModule, TrainingMeter, compose_kindling, cpu_name
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from kindling.modules import Classifier
+from kindling.modules.classifier import Classifier
 from kindling.run import provenance
 from kindling.train import build_trainer
 

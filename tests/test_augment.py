@@ -10,7 +10,6 @@ from hydra.utils import instantiate
 from torchvision.transforms import v2
 
 from kindling.config.errors import UserError
-from kindling.data import DigitsDataModule
 from kindling.data.augment import (
     BatchAugment,
     DeviceGenerator,
@@ -18,6 +17,7 @@ from kindling.data.augment import (
     random_horizontal_flip,
     worker_transform,
 )
+from kindling.data.digits import DigitsDataModule
 
 
 def images(batch: int = 64, size: int = 8) -> torch.Tensor:

@@ -19,7 +19,7 @@ from kindling.config.errors import UserError
 from kindling.config.instantiate import build
 from kindling.data.loaders import SplitDataModule
 from kindling.data.prepared import FORMAT, METADATA_FILE
-from kindling.modules import Classifier
+from kindling.modules.classifier import Classifier
 from kindling.train import run
 
 from conftest import CONFIG_DIR, QUIET, options
@@ -118,7 +118,7 @@ def test_model_config_parts_instantiate_on_their_own(compose_config, model: str)
 
 def test_experiment_overrides_several_groups(compose_config) -> None:
     cfg = compose_config("experiment=example")
-    assert cfg.model.net._target_ == "kindling.models.LSTMClassifier"
+    assert cfg.model.net._target_ == "kindling.models.recurrent.LSTMClassifier"
     assert cfg.model.net.hidden_size == 64
     assert cfg.seed == 0
     assert cfg.task_name == "example"

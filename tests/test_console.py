@@ -21,11 +21,11 @@ def test_config_tree_is_saved_resolved_and_printed_on_request(
     assert "LSTMClassifier" not in capsys.readouterr().out  # saved; the log says where
     print_config_tree(cfg, tmp_path / "run", to_console=True)
     saved = (tmp_path / "run" / CONFIG_TREE_FILE).read_text()
-    assert "kindling.models.LSTMClassifier" in capsys.readouterr().out
+    assert "kindling.models.recurrent.LSTMClassifier" in capsys.readouterr().out
     # Interpolations are resolved: the checkpoint folder is the run folder's.
     assert f"dirpath: {tmp_path / 'run'}/checkpoints" in saved
     assert "${" not in saved
-    assert "_target_: kindling.models.LSTMClassifier" in saved
+    assert "_target_: kindling.models.recurrent.LSTMClassifier" in saved
     assert "tags: [digits, lstm]" in saved and "seed: 12345" in saved
     for group in ["data", "model", "callbacks", "logger", "trainer", "paths"]:
         assert f"── {group}\n" in saved
@@ -38,13 +38,13 @@ def test_config_tree_is_highlighted_on_a_colour_console_only(
     cfg = compose_config()
     print_config_tree(cfg)  # captured: no colour, the YAML as plain text
     plain = capsys.readouterr().out
-    assert "\x1b[" not in plain and "_target_: kindling.modules.Classifier" in plain
+    assert "\x1b[" not in plain and "_target_: kindling.modules.classifier.Classifier" in plain
     monkeypatch.setenv("FORCE_COLOR", "1")
     print_config_tree(cfg)
     coloured = capsys.readouterr().out
     # Highlighted YAML: colour codes between a key and its value.
-    assert "kindling.modules.Classifier" in coloured
-    assert "_target_: kindling.modules.Classifier" not in coloured
+    assert "kindling.modules.classifier.Classifier" in coloured
+    assert "_target_: kindling.modules.classifier.Classifier" not in coloured
 
 
 def test_config_tree_only_on_rank_zero(compose_config, tmp_path, capsys, monkeypatch) -> None:
@@ -91,7 +91,8 @@ def test_a_real_run_saves_its_config_tree_without_unhelpful_warnings(
     assert f"Run folder: {tmp_path / 'run'}" in log
     # train.py saves the tree in the run folder.
     assert (
-        "_target_: kindling.modules.Classifier" in (tmp_path / "run" / CONFIG_TREE_FILE).read_text()
+        "_target_: kindling.modules.classifier.Classifier"
+        in (tmp_path / "run" / CONFIG_TREE_FILE).read_text()
     )
 
 

@@ -19,14 +19,14 @@ from omegaconf import OmegaConf
 from torchvision import datasets
 
 from kindling.config.errors import UserError
-from kindling.data import (
+from kindling.data.digits import DigitsDataModule
+from kindling.data.image import InMemoryImageDataModule
+from kindling.data.loaders import per_device_batch_size
+from kindling.data.torchvision_datasets import (
     CIFAR10DataModule,
-    DigitsDataModule,
     FashionMNISTDataModule,
-    InMemoryImageDataModule,
     MNISTDataModule,
 )
-from kindling.data.loaders import per_device_batch_size
 
 from conftest import compose_in
 from torchvision_files import (
@@ -516,8 +516,8 @@ def test_on_device_data_trains_like_the_dataloader_path(tmp_path) -> None:
     """Same model, same data: with the data on the device the loss curve is the same shape."""
     import lightning as L
 
-    from kindling.models import CNNClassifier
-    from kindling.modules import Classifier
+    from kindling.models.cnn import CNNClassifier
+    from kindling.modules.classifier import Classifier
 
     losses = {}
     for on_device in (False, True):

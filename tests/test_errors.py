@@ -51,34 +51,37 @@ MISTAKES = {
     # Found when the config is instantiated.
     "net value a library refuses": (
         ["model=lstm", "model.net.num_layers=0"],
-        "model.net (kindling.models.LSTMClassifier) refused its values: num_layers must be "
+        "model.net (kindling.models.recurrent.LSTMClassifier) refused its values: "
+        "num_layers must be "
         "greater than zero. Check the values under model.net; you set model.net.num_layers=0.",
     ),
     "net value kindling refuses": (
         ["model=transformer", "model.net.num_heads=3"],
-        "model.net (kindling.models.TransformerClassifier) refused its values: d_model=64 must "
+        "model.net (kindling.models.transformer.TransformerClassifier) refused its values: "
+        "d_model=64 must "
         "be divisible by num_heads=3. Check the values under model.net; you set "
         "model.net.num_heads=3.",
     ),
     "net value of the wrong type": (
         ["model.net.channels=5"],
-        "model.net.channels=5 has the wrong type: kindling.models.CNNClassifier takes channels: "
+        "model.net.channels=5 has the wrong type: kindling.models.cnn.CNNClassifier takes "
+        "channels: "
         "Sequence[int]",
     ),
     "net unknown argument": (
         ["+model.net.foo=1"],
-        "model.net.foo=1: kindling.models.CNNClassifier takes no argument 'foo' (it takes "
+        "model.net.foo=1: kindling.models.cnn.CNNClassifier takes no argument 'foo' (it takes "
         "image_shape, num_classes, channels, dropout).",
     ),
     "net missing argument": (
         ["~model.net.num_classes"],
-        "model.net: kindling.models.CNNClassifier needs num_classes. "
+        "model.net: kindling.models.cnn.CNNClassifier needs num_classes. "
         "Add +model.net.num_classes=<value>.",
     ),
     "net target that does not exist": (
-        ["model.net._target_=kindling.models.Nope"],
-        "model.net._target_=kindling.models.Nope: kindling.models has no Nope (it has "
-        "CNNClassifier, GRUClassifier",
+        ["model.net._target_=kindling.models.cnn.Nope"],
+        "model.net._target_=kindling.models.cnn.Nope: kindling.models.cnn has no Nope (it has "
+        "CNNClassifier, conv_block, require_images)",
     ),
     "callback value": (
         ["callbacks.early_stopping.mode=sideways"],
@@ -88,11 +91,13 @@ MISTAKES = {
     ),
     "logger unknown argument": (
         ["+logger.csv.colour=red"],
-        "logger.csv.colour=red: kindling.loggers.ResumableCSVLogger takes no argument 'colour'",
+        "logger.csv.colour=red: kindling.loggers.resumable_csv.ResumableCSVLogger takes no "
+        "argument 'colour'",
     ),
     "data unknown argument": (
         ["+data.shuffle=true"],
-        "data.shuffle=true: kindling.data.DigitsDataModule takes no argument 'shuffle' (it takes "
+        "data.shuffle=true: kindling.data.digits.DigitsDataModule takes no argument 'shuffle' "
+        "(it takes "
         "test_fraction, data_dir,",
     ),
     "trainer value": (
@@ -160,8 +165,12 @@ def test_a_bug_in_the_projects_code_keeps_its_traceback(
 def language_model(**net: object) -> DictConfig:
     return OmegaConf.create(
         {
-            "_target_": "kindling.modules.LanguageModel",
-            "net": {"_target_": "kindling.models.LSTMLanguageModel", "_partial_": True, **net},
+            "_target_": "kindling.modules.language_model.LanguageModel",
+            "net": {
+                "_target_": "kindling.models.language_models.LSTMLanguageModel",
+                "_partial_": True,
+                **net,
+            },
             "optimizer": {"_target_": "torch.optim.AdamW", "_partial_": True},
         }
     )
@@ -240,7 +249,7 @@ def test_full_error_shows_the_whole_traceback(tmp_path: Path, monkeypatch) -> No
     assert result.returncode == 1
     assert "Traceback" in output
     assert 'raise ValueError("num_layers must be greater than zero")' in output
-    assert "model.net (kindling.models.LSTMClassifier) refused its values" in output
+    assert "model.net (kindling.models.recurrent.LSTMClassifier) refused its values" in output
 
 
 @pytest.mark.parametrize(

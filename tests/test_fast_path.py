@@ -14,8 +14,8 @@ from torch.overrides import TorchFunctionMode
 
 from kindling.callbacks.divergence import StopOnDivergence
 from kindling.data.text import Vocabulary
-from kindling.models import TransformerLanguageModel
-from kindling.modules import LanguageModel
+from kindling.models.language_models import TransformerLanguageModel
+from kindling.modules.language_model import LanguageModel
 from kindling.train import run
 
 BASE = [
@@ -186,7 +186,7 @@ def test_mnist_fast_uses_every_switch(compose_config) -> None:
 
 def test_digits_fast_uses_every_switch_on_data_that_ships(compose_config) -> None:
     cfg = compose_config("experiment=digits_fast")
-    assert cfg.data._target_ == "kindling.data.DigitsDataModule"  # no download
+    assert cfg.data._target_ == "kindling.data.digits.DigitsDataModule"  # no download
     assert cfg.data.on_device is True and cfg.model.compile and cfg.model.channels_last
     assert cfg.trainer.benchmark and cfg.float32_matmul_precision == "high"
     # The device's best precision, decided when the trainer is built: bf16-mixed on a GPU with

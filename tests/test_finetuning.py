@@ -11,12 +11,13 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torch.utils.data import DataLoader, TensorDataset
 
-from kindling.callbacks import EMAWeights
+from kindling.callbacks.ema import EMAWeights
 from kindling.config.errors import UserError
 from kindling.config.instantiate import instantiate_group
 from kindling.loading import load_module
-from kindling.models import CNNClassifier, TimmClassifier
-from kindling.modules import Classifier
+from kindling.models.cnn import CNNClassifier
+from kindling.models.timm_net import TimmClassifier
+from kindling.modules.classifier import Classifier
 from kindling.train import run
 
 from conftest import QUIET

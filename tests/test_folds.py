@@ -8,7 +8,7 @@ import torch
 
 from kindling.config.errors import UserError
 from kindling.config.instantiate import build, check_arguments
-from kindling.data import DigitsDataModule
+from kindling.data.digits import DigitsDataModule
 from kindling.data.folds import fold_split
 
 from test_image_folder import datamodule, make_folder
@@ -113,6 +113,6 @@ def test_a_fold_setting_that_picks_no_fold_is_refused_in_one_line(
 
 def test_a_data_set_without_folds_refuses_them(compose_config) -> None:
     cfg = compose_config("experiment=charlm", "trainer=cpu", "+data.folds=5")
-    message = "data.folds=5: kindling.data.CharTextDataModule takes no argument 'folds'"
+    message = "data.folds=5: kindling.data.text.CharTextDataModule takes no argument 'folds'"
     with pytest.raises(UserError, match=message):
         check_arguments(cfg.data, "data")

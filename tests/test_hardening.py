@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from kindling.callbacks import CheckpointOnInterrupt
+from kindling.callbacks.interrupt import CheckpointOnInterrupt
 
 from conftest import QUIET, ROOT, importable, start_train_py, train_py
 
@@ -27,7 +27,7 @@ import time
 
 import torch
 
-from kindling.models import CNNClassifier
+from kindling.models.cnn import CNNClassifier
 
 
 class NaNOnRankOne(CNNClassifier):
@@ -293,8 +293,8 @@ def test_flops_are_counted_without_copying_a_weight_on_its_device(monkeypatch) -
     from torch import nn
 
     from kindling.callbacks.throughput import count_flops
-    from kindling.models import CNNClassifier
-    from kindling.modules import Classifier
+    from kindling.models.cnn import CNNClassifier
+    from kindling.modules.classifier import Classifier
 
     module = Classifier(CNNClassifier((1, 8, 8), 10, channels=[4, 8]), 10, optimizer=None)
     weights = {id(t) for t in (*module.parameters(), *module.buffers())}

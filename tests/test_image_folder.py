@@ -15,10 +15,9 @@ from PIL import Image
 from torchvision.transforms import v2
 
 from kindling.config.errors import UserError
-from kindling.data import ImageFolderDataModule
 from kindling.data.gpu_decode import EncodedImageFiles, decode_batch
 from kindling.data.image_files import read_image
-from kindling.data.image_folder import STATISTICS_FILE
+from kindling.data.image_folder import STATISTICS_FILE, ImageFolderDataModule
 from kindling.predict import PredictArgs, predict
 from kindling.train import run
 

@@ -9,8 +9,8 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from kindling.config.errors import UserError
-from kindling.data import DigitsDataModule
 from kindling.data.device_loader import DeviceTensorLoader
+from kindling.data.digits import DigitsDataModule
 from kindling.data.in_memory import BatchIndexedTensors
 
 

@@ -21,16 +21,15 @@ from torch.utils.flop_counter import FlopCounterMode
 from kindling import cli
 from kindling import sample as sample_cli
 from kindling.config.errors import UserError
-from kindling.data import CharTextDataModule
-from kindling.data.text import Vocabulary
+from kindling.data.text import CharTextDataModule, Vocabulary
 from kindling.loading import load_module
-from kindling.models import (
+from kindling.models.language_models import (
     GRULanguageModel,
     LSTMLanguageModel,
     RNNLanguageModel,
     TransformerLanguageModel,
 )
-from kindling.modules import LanguageModel
+from kindling.modules.language_model import LanguageModel
 from kindling.train import run
 
 from conftest import PYTHON, QUIET, error_lines, train_py
@@ -265,9 +264,9 @@ def test_a_checkpoint_of_another_vocabulary_is_a_user_error() -> None:
 def test_experiment_selects_the_language_model_of_the_family(compose_config, family) -> None:
     cfg = compose_config("experiment=charlm", f"model=lm/{family}")
     expected = {"rnn": "RNN", "lstm": "LSTM", "transformer": "Transformer"}[family]
-    assert cfg.model._target_ == "kindling.modules.LanguageModel"
+    assert cfg.model._target_ == "kindling.modules.language_model.LanguageModel"
     assert cfg.model.net._target_ == f"kindling.models.{expected}LanguageModel"
-    assert cfg.data._target_ == "kindling.data.CharTextDataModule"
+    assert cfg.data._target_ == "kindling.data.text.CharTextDataModule"
     assert cfg.callbacks.model_checkpoint.monitor == "val/loss"
     assert cfg.callbacks.model_checkpoint.mode == "min"
     assert cfg.optimized_metric == "val/loss"
@@ -275,8 +274,8 @@ def test_experiment_selects_the_language_model_of_the_family(compose_config, fam
 
 def test_without_the_experiment_model_is_still_the_classifier(compose_config) -> None:
     cfg = compose_config("model=lstm")
-    assert cfg.model._target_ == "kindling.modules.Classifier"
-    assert cfg.model.net._target_ == "kindling.models.LSTMClassifier"
+    assert cfg.model._target_ == "kindling.modules.classifier.Classifier"
+    assert cfg.model.net._target_ == "kindling.models.recurrent.LSTMClassifier"
 
 
 def test_an_image_classifier_on_text_stops_at_its_class_count(compose_config) -> None:
@@ -287,7 +286,7 @@ def test_an_image_classifier_on_text_stops_at_its_class_count(compose_config) ->
 
 def test_experiment_defaults_to_the_transformer(compose_config) -> None:
     cfg = compose_config("experiment=charlm")
-    assert cfg.model.net._target_ == "kindling.models.TransformerLanguageModel"
+    assert cfg.model.net._target_ == "kindling.models.language_models.TransformerLanguageModel"
     assert cfg.model.net.context_length == cfg.data.context_length
 
 

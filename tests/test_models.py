@@ -4,14 +4,10 @@ import pytest
 import torch
 from torch import nn
 
-from kindling.models import (
-    CNNClassifier,
-    GRUClassifier,
-    LSTMClassifier,
-    RNNClassifier,
-    TransformerClassifier,
-)
 from kindling.models.blocks import SelfAttention, image_to_sequence
+from kindling.models.cnn import CNNClassifier
+from kindling.models.recurrent import GRUClassifier, LSTMClassifier, RNNClassifier
+from kindling.models.transformer import TransformerClassifier
 
 IMAGE_SHAPES = [(1, 8, 8), (1, 28, 28), (3, 32, 32)]
 NETS = [CNNClassifier, RNNClassifier, LSTMClassifier, GRUClassifier, TransformerClassifier]

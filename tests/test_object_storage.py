@@ -106,7 +106,7 @@ def test_an_interrupt_saves_into_the_url_folder(bucket: str) -> None:
     from lightning.pytorch.trainer.states import TrainerFn
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-    from kindling.callbacks import CheckpointOnInterrupt
+    from kindling.callbacks.interrupt import CheckpointOnInterrupt
 
     saved: list[str] = []
     trainer = SimpleNamespace(

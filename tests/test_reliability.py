@@ -17,7 +17,7 @@ from kindling.checkpoints import read_checkpoint
 from kindling.config.errors import UserError
 from kindling.config.instantiate import instantiate_group
 from kindling.loading import load_module
-from kindling.models import CNNClassifier
+from kindling.models.cnn import CNNClassifier
 from kindling.train import run
 
 from conftest import CONFIG_DIR, QUIET, copy_run, error_lines, start_train_py, train_py

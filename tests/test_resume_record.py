@@ -9,7 +9,7 @@ import torch
 
 from kindling.callbacks.plots import read_history
 from kindling.checkpoints import AtomicCheckpointIO
-from kindling.loggers import ResumableCSVLogger
+from kindling.loggers.resumable_csv import ResumableCSVLogger
 from kindling.train import run
 
 from conftest import QUIET, TRAINED_RUN, copy_run, error_lines, train_py

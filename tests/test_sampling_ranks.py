@@ -13,10 +13,9 @@ import torch.multiprocessing as mp
 from test_language_models import TINY_CORPUS, tiny_experiment
 
 from kindling.data.text import Vocabulary
-from kindling.models import TransformerLanguageModel
 from kindling.models.blocks import TransformerBlock
-from kindling.modules import LanguageModel
-from kindling.modules.language_model import SAMPLES_FILE, full_parameters
+from kindling.models.language_models import TransformerLanguageModel
+from kindling.modules.language_model import SAMPLES_FILE, LanguageModel, full_parameters
 
 from conftest import train_py
 

@@ -12,13 +12,9 @@ import torch
 
 from kindling.config.errors import UserError
 from kindling.data.sequences import SequenceTableDataModule
-from kindling.models import (
-    GRUClassifier,
-    LSTMClassifier,
-    RNNClassifier,
-    TemporalConvClassifier,
-    TransformerClassifier,
-)
+from kindling.models.recurrent import GRUClassifier, LSTMClassifier, RNNClassifier
+from kindling.models.temporal_conv import TemporalConvClassifier
+from kindling.models.transformer import TransformerClassifier
 from kindling.train import run
 
 from conftest import ON_GPU, QUIET, train_py
@@ -288,7 +284,7 @@ def test_a_table_with_no_rows(tmp_path: Path) -> None:
 
 
 def test_predict_step_passes_the_lengths(tmp_path: Path) -> None:
-    from kindling.modules import Classifier
+    from kindling.modules.classifier import Classifier
 
     net = LSTMClassifier(None, 3, hidden_size=8, num_features=FEATURES)
     module = Classifier(net, 3, optimizer=torch.optim.AdamW).eval()

@@ -26,7 +26,7 @@ from torchvision.transforms import v2
 
 from kindling.config.errors import UserError
 from kindling.config.instantiate import build
-from kindling.data import ImageFolderDataModule
+from kindling.data.image_folder import ImageFolderDataModule
 from kindling.data.prepared import METADATA_FILE, prepared_value, read_metadata
 from kindling.data.sequences import SequenceTableDataModule
 from kindling.data.streaming import StreamingDataModule

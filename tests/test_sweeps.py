@@ -23,7 +23,7 @@ from optuna.trial import TrialState
 from torch.utils.data import DataLoader
 
 from hydra_plugins.kindling_optuna_sweeper.optuna_sweeper import OptunaSweeper
-from kindling.callbacks import OptunaPruning
+from kindling.callbacks.optuna_pruning import OptunaPruning
 from kindling.sweeps.search_space import parse_search_space
 from kindling.sweeps.study import counted_trials, fail_interrupted_trials, open_storage
 

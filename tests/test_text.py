@@ -13,9 +13,8 @@ import torch
 from lightning.fabric.utilities.data import _set_sampler_epoch
 
 from kindling.config.errors import UserError
-from kindling.data import CharTextDataModule
 from kindling.data import text as text_module
-from kindling.data.text import TokenWindows, Vocabulary, default_corpus
+from kindling.data.text import CharTextDataModule, TokenWindows, Vocabulary, default_corpus
 
 CORPUS = "It was the best of times, it was the worst of times; ünïcödé ✓ too.\n" * 8
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from kindling.callbacks import DivergenceError
+from kindling.callbacks.divergence import DivergenceError
 from kindling.config.errors import UserError
 from kindling.train import run, train_and_test
 
@@ -156,14 +156,17 @@ def test_checkpoint_alone_rebuilds_the_model(compose_config, tmp_path) -> None:
     import torch
 
     from kindling.loading import load_module
-    from kindling.modules import Classifier
+    from kindling.modules.classifier import Classifier
 
     # Not the default net: rebuilding the default instead would not load these weights.
     run(compose_config("model=lstm", "debug=limit", "trainer=cpu", "trainer.max_epochs=1", *QUIET))
     path = tmp_path / "run" / "checkpoints" / "last.ckpt"
     module, checkpoint = load_module(path)
     assert isinstance(module, Classifier) and not module.training
-    assert checkpoint["config"]["model"]["net"]["_target_"] == "kindling.models.LSTMClassifier"
+    assert (
+        checkpoint["config"]["model"]["net"]["_target_"]
+        == "kindling.models.recurrent.LSTMClassifier"
+    )
     weights = torch.load(path, weights_only=True)["state_dict"]
     for name, tensor in module.state_dict().items():
         torch.testing.assert_close(tensor, weights[name])
@@ -176,8 +179,8 @@ def test_throughput_callback_logs_samples_per_second_and_counts_flops(
     from lightning.pytorch.callbacks import throughput_monitor
 
     from kindling.callbacks.throughput import count_flops
-    from kindling.models import CNNClassifier
-    from kindling.modules import Classifier
+    from kindling.models.cnn import CNNClassifier
+    from kindling.modules.classifier import Classifier
 
     # A device of Lightning's table with a peak of 1 TFLOP/s (a CPU has none).
     monkeypatch.setattr(throughput_monitor, "get_available_flops", lambda device, dtype: 10**12)

@@ -10,7 +10,7 @@ silently doing nothing.
   starts every rank as a run of its own folder, or the whole sweep again
   (Lightning-AI/pytorch-lightning#11300 and #15689, open fix #18175; facebookresearch/hydra#2070).
   Tested: tests/test_distributed.py.
-- Mid-epoch resume (`kindling.callbacks.ResumeExactly`): the training loader gets the checkpoint's
+- Mid-epoch resume (`callbacks/resume.py`): the training loader gets the checkpoint's
   state and a new iterator, through `_FitLoop._combined_loader`/`_data_fetcher` and
   `CombinedLoader._load_state_dicts`. Lightning drops the loader state when the loader was made
   before the loops were restored, as a schedule reading `estimated_stepping_batches` makes it
@@ -20,19 +20,19 @@ silently doing nothing.
   sampler's `set_epoch` through `lightning.fabric.utilities.data._set_sampler_epoch`, which only
   DataLoaders get publicly; without it every epoch has the first one's order.
   Tested: tests/test_data.py (test_device_loader_shards_shuffles_and_follows_the_epoch).
-- MFU on the cards Lightning's table misses or misreads (`kindling.callbacks.ThroughputWithMFU`):
+- MFU on the cards Lightning's table misses or misreads (`callbacks/throughput.py`):
   `ThroughputMonitor` makes its `Throughput` meters with the peak it looked up itself and takes
   none from its caller (an `available_flops` argument collides with its own), so kindling's peak
   goes to the meters in `ThroughputMonitor._throughputs` after `setup` (the table's misreadings:
   Lightning-AI/pytorch-lightning#20660, #21677).
   Tested: tests/test_train.py (test_throughput_callback_takes_the_peak_of_a_card_lightning_misses).
-- SIGTERM and Ctrl-C (`kindling.callbacks.CheckpointOnInterrupt`): the flag the loops stop on,
+- SIGTERM and Ctrl-C (`callbacks/interrupt.py`): the flag the loops stop on,
   `_SignalConnector.received_sigterm`, is set by kindling on every rank at once, when the ranks
   have agreed at a step's end that one was signalled (Lightning's handler broadcasts from inside
   the signal handler and can deadlock the ranks: Lightning-AI/pytorch-lightning#20806, #20825),
   and held until validation ends, so a resumed run never skips that epoch's validation.
   Tested: tests/test_reliability.py, tests/test_hardening.py.
-- Every row of an epoch on disk before its checkpoint (`kindling.callbacks.ContinueLoggedMetrics`):
+- Every row of an epoch on disk before its checkpoint (`callbacks/continue_metrics.py`):
   Lightning saves an epoch's checkpoints in its `on_train_epoch_end` hooks and logs the epoch's
   train values only after them, in `_FitLoop.on_advance_end`, so a kill between the two would
   lose that row for good. The row is read where Lightning will read it,

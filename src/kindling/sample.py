@@ -16,7 +16,7 @@ from kindling import cli
 from kindling.config.errors import UserError
 from kindling.garbage_collection import skip_collections_at_exit
 from kindling.loading import load_module
-from kindling.modules import LanguageModel
+from kindling.modules.language_model import LanguageModel
 
 
 def _arg(default: object, help: str) -> dataclasses.Field:

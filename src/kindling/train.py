@@ -24,7 +24,8 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zer
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from kindling.callbacks import CheckpointOnInterrupt, ConfigInCheckpoint
+from kindling.callbacks.config_in_checkpoint import ConfigInCheckpoint
+from kindling.callbacks.interrupt import CheckpointOnInterrupt
 from kindling.checkpoints import is_url
 from kindling.config import checks, resolvers  # noqa: F401 - importing registers the resolvers
 from kindling.config.config_tree import print_config_tree

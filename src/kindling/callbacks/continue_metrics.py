@@ -9,7 +9,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 
 class ContinueLoggedMetrics(Callback):
     """When training resumes from a checkpoint, tell each logger that continues a run's record
-    (`continue_after`, e.g. `kindling.loggers.ResumableCSVLogger`) where the checkpoint was saved;
+    (`continue_after`, e.g. `ResumableCSVLogger`) where the checkpoint was saved;
     before a checkpoint is written, have it put every row the checkpoint covers on disk
     (`save_before_checkpoint`).
 

@@ -177,8 +177,12 @@ def locate(path: Any, key: str) -> Any:
 def _has_no(module: Any, attribute: str) -> str:
     """`kindling.models has no Nope (it has CNNClassifier, ...)`, or the closest names."""
     names = getattr(module, "__all__", None)
-    if names is None:
-        names = [n for n, v in vars(module).items() if not n.startswith("_") and callable(v)]
+    if names is None:  # what the module defines, not what it imports
+        names = [
+            n
+            for n, v in vars(module).items()
+            if not n.startswith("_") and getattr(v, "__module__", None) == module.__name__
+        ]
     text = f"{module.__name__} has no {attribute}"
     if len(names) <= 16:
         return f"{text} (it has {', '.join(sorted(names))})"

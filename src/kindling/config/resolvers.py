@@ -38,7 +38,7 @@ def pretrained_input(key: str, default: Any, *, _root_: Any) -> Any:
     `model.net.pretrained` or a `pretrained_file`), else `default`: the data config's defaults
     follow the net's pretrained configuration."""
     net = OmegaConf.select(_root_, "model.net", default=None)
-    if net is None or net.get("_target_") != "kindling.models.TimmClassifier":
+    if net is None or net.get("_target_") != "kindling.models.timm_net.TimmClassifier":
         return default
     if not (net.get("pretrained") or net.get("pretrained_file")):
         return default

@@ -24,7 +24,7 @@ class ResumableCSVLogger(CSVLogger):
     """`metrics.csv` holds every epoch of a run, however often it was resumed or killed.
 
     Lightning's CSVLogger deletes the metrics.csv it finds. This one keeps its rows when training
-    resumes from a checkpoint (Lightning calls `kindling.callbacks.ContinueLoggedMetrics`, which
+    resumes from a checkpoint (Lightning calls `ContinueLoggedMetrics`, which
     calls `continue_after`): the rows the checkpoint covers stay, the rows logged after it was saved
     (an epoch that a killed run did not finish) go, since the resumed run logs that epoch again,
     and the resumed run's rows follow. So no epoch is missing and none appears twice. A new run in

@@ -51,7 +51,7 @@ class LanguageModel(L.LightningModule):
 
     Args:
         net: a factory taking `vocab_size` (a Hydra `_partial_: true` config), e.g.
-            `kindling.models.LSTMLanguageModel`.
+            `kindling.models.language_models.LSTMLanguageModel`.
         optimizer: a factory taking `params`.
         scheduler: an optional factory taking `optimizer`, and `total_steps` (the run's
             optimizer steps) if it has that argument, e.g.

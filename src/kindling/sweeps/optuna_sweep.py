@@ -3,7 +3,7 @@
 The study lives in persistent storage, so a sweep that is run again continues it, and several
 sweeping processes can share it. Job N of the multirun is trial N of the study: its run folder is
 `<sweep dir>/<trial number>` and `${hydra:job.num}` is the trial number, which is how
-kindling.callbacks.OptunaPruning finds its trial.
+kindling.callbacks.optuna_pruning.OptunaPruning finds its trial.
 """
 
 import logging

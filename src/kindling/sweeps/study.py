@@ -15,7 +15,7 @@ from optuna.trial import FrozenTrial, TrialState
 # User attributes of a trial (optuna-dashboard shows them).
 SWEEPER = "sweeper"  # {"host", "pid"} of the sweeping process that runs the trial
 RUN_DIR = "run_dir"
-PRUNED_AT = "pruned_at_validation"  # set by kindling.callbacks.OptunaPruning
+PRUNED_AT = "pruned_at_validation"  # set by kindling.callbacks.optuna_pruning.OptunaPruning
 ERROR = "error"
 INTERRUPTED = "interrupted"  # its sweeping process died while it ran
 
