@@ -117,6 +117,7 @@ def train_and_test(cfg: DictConfig) -> float | None:
             torch.set_float32_matmul_precision(cfg.float32_matmul_precision)
 
         datamodule: L.LightningDataModule = build(cfg.data, "data")
+        fill_in_from_data(cfg.data, datamodule)
         model: L.LightningModule = build(cfg.model, "model")
         if checkpoint is not None:  # the weights' shapes are known once the model is built
             checks.check_weights_fit(checkpoint, model)
@@ -147,6 +148,20 @@ def train_and_test(cfg: DictConfig) -> float | None:
     # A test-only run (train=false) has no validation metrics to return.
     name = cfg.get("optimized_metric") if cfg.get("train") else None
     return _optimized_metric(name, metrics)
+
+
+def fill_in_from_data(data: DictConfig, datamodule: L.LightningDataModule) -> None:
+    """Write what only the data knows into the run's config before the model is built from it.
+
+    A data module that must read its files to know its class count, image shape or features
+    (a folder's class folders, a table's columns) says so in `describe()`, a dict of `data.` keys
+    its config leaves null: `model.net.num_classes: ${data.num_classes}` then reads the real
+    value, the saved config holds it, and composing a config (`--cfg job`) reads no data.
+    """
+    describe = getattr(datamodule, "describe", None)
+    if describe is not None:
+        with open_dict(data):
+            data.merge_with(describe())
 
 
 def augment_images_only(data: DictConfig) -> None:
