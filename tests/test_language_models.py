@@ -265,7 +265,7 @@ def test_experiment_selects_the_language_model_of_the_family(compose_config, fam
     cfg = compose_config("experiment=charlm", f"model=lm/{family}")
     expected = {"rnn": "RNN", "lstm": "LSTM", "transformer": "Transformer"}[family]
     assert cfg.model._target_ == "kindling.modules.language_model.LanguageModel"
-    assert cfg.model.net._target_ == f"kindling.models.{expected}LanguageModel"
+    assert cfg.model.net._target_ == f"kindling.models.language_models.{expected}LanguageModel"
     assert cfg.data._target_ == "kindling.data.text.CharTextDataModule"
     assert cfg.callbacks.model_checkpoint.monitor == "val/loss"
     assert cfg.callbacks.model_checkpoint.mode == "min"

@@ -67,7 +67,9 @@ def test_rename_leaves_no_trace_of_the_old_name(repo: Path) -> None:
     assert (repo / "src" / "mynet" / "train.py").is_file()
     assert files_mentioning(repo, "kindling") == []
     assert 'name = "mynet"' in (repo / "pyproject.toml").read_text()
-    assert "_target_: mynet.models.CNNClassifier" in (repo / "configs/model/cnn.yaml").read_text()
+    assert (
+        "_target_: mynet.models.cnn.CNNClassifier" in (repo / "configs/model/cnn.yaml").read_text()
+    )
     assert "from mynet.train import run" in (repo / "train.py").read_text()
 
 
@@ -89,7 +91,10 @@ def test_renamed_project_trains(repo: Path) -> None:
         cwd=repo, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
-    assert "mynet.modules.Classifier" in next((repo / "logs").rglob("config.yaml")).read_text()
+    assert (
+        "mynet.modules.classifier.Classifier"
+        in next((repo / "logs").rglob("config.yaml")).read_text()
+    )
 
 
 def git(repo: Path, *args: str) -> str:

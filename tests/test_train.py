@@ -124,7 +124,8 @@ def test_train_py_multirun_one_folder_per_model(tmp_path: Path) -> None:
     jobs = sorted(p.name for p in sweep_dir.iterdir() if p.is_dir() and p.name.isdigit())
     assert jobs == ["0", "1", "2", "3"]
     targets = [(sweep_dir / j / ".hydra" / "config.yaml").read_text() for j in jobs]
-    for target, cls in zip(targets, ["CNN", "RNN", "LSTM", "Transformer"], strict=True):
+    modules = ["cnn.CNN", "recurrent.RNN", "recurrent.LSTM", "transformer.Transformer"]
+    for target, cls in zip(targets, modules, strict=True):
         assert f"kindling.models.{cls}Classifier" in target
 
 
