@@ -1,0 +1,221 @@
+"""JSON schemas of the configs for an editor's YAML language server: `python -m kindling.schemas`
+writes `.schemas/<group>/<name>.json` for each file of `configs/<group>/` whose node holds a
+`_target_`, and maps the files to them in `.vscode/settings.json` (`yaml.schemas`).
+
+A schema describes the node its file composes to with its defaults list (a `# @package _global_`
+file: the run config it changes; a file of Hydra's own node: what it writes). A `_target_` node
+takes its target's arguments (its parents' too where `__init__` passes `**kwargs` on), typed by
+their hints, with defaults and docstring entries; required are those that neither the file nor its
+defaults give (none in `_partial_` nodes and atop `_base/` files, which others complete). `${...}`
+and `???` stand for any value; a key the target does not take is an error, unless it takes
+`**kwargs`.
+"""
+
+import contextlib
+import enum
+import inspect
+import json
+import numbers
+import os
+import re
+import shutil
+import sys
+import types
+import typing
+import warnings
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from hydra.utils import get_object
+from omegaconf import OmegaConf
+
+INTERPOLATION = r"\$\{|^\?\?\?$"  # "${...}" anywhere in a string, or OmegaConf's "???" (missing)
+STRING, BOOLEAN = {"type": ["string"]}, {"type": ["boolean"]}
+HYDRA_KEYS = {"_target_": STRING, "_convert_": STRING, "_partial_": BOOLEAN, "_recursive_": BOOLEAN}
+SCALARS = {bool: "boolean", int: "integer", float: "number", str: "string", type(None): "null"}
+
+
+def generate(configs: Path) -> dict[str, dict]:
+    """Every schema, by the config file's path relative to `configs`, without `.yaml`."""
+    schemas = {}
+    with initialize_config_dir(str(configs.resolve()), version_base=None):
+        for file in sorted(configs.glob("*/**/*.yaml")):
+            name = file.relative_to(configs).with_suffix("").as_posix()
+            if name.startswith("local/"):  # a machine's own, not committed: no schema to commit
+                continue
+            raw = OmegaConf.to_container(OmegaConf.load(file)) or {}
+            header = re.match(r"# @package (\S+)", file.read_text())
+            group, option = name.rsplit("/", 1)
+            package = header[1] if header else group.replace("/", ".")
+            if package.split(".")[0] == "hydra":  # Hydra's node: its plugins complete it
+                node, below = raw, {}
+            else:  # the file composed, and its defaults list alone: what the file need not give
+                ConfigStore.instance().store(
+                    f"{option}.below", {"defaults": raw.get("defaults", [])}, group, package
+                )
+                node = _composed(group, option, package)
+                below = _composed(group, f"{option}.below", package)
+            if _has_target(node):
+                schema = _node_schema(node, below, optional="_base/" in name)
+                schema["properties"]["defaults"] = {"type": "array"}  # Hydra's defaults list
+                schemas[name] = {"$schema": "http://json-schema.org/draft-07/schema#", **schema}
+    return schemas
+
+
+def _composed(group: str, option: str, package: str) -> Any:
+    with warnings.catch_warnings():  # "Defaults list is missing `_self_`": a group file's is last
+        warnings.simplefilter("ignore", UserWarning)
+        if package == "_global_":
+            return OmegaConf.to_container(compose("train", [f"{group}={option}"]))
+        return OmegaConf.to_container(OmegaConf.select(compose(f"{group}/{option}"), package))
+
+
+def _has_target(node: Any) -> bool:
+    values = node.values() if isinstance(node, dict) else node if isinstance(node, list) else []
+    return (isinstance(node, dict) and "_target_" in node) or any(map(_has_target, values))
+
+
+def _node_schema(node: Any, below: Any, optional: bool = False) -> dict:
+    """`node`'s schema, `node` holding targets; `below` is what the file's defaults list gives."""
+    below = below if isinstance(below, dict) else {}
+    if isinstance(node, list):
+        items = [_node_schema(v, {}) if _has_target(v) else {} for v in node]
+        return {"type": "array", "items": {"anyOf": items}}
+    if "_target_" not in node:
+        children = {k: _node_schema(v, below.get(k)) for k, v in node.items() if _has_target(v)}
+        return {"type": ["object", "null"], "properties": children}
+    arguments, needed, takes_kwargs = _arguments(get_object(node["_target_"]))
+    properties = dict(HYDRA_KEYS)
+    for name, (hint, extras) in arguments.items():
+        value = node.get(name)
+        schema = _node_schema(value, below.get(name)) if _has_target(value) else _value_schema(hint)
+        properties[name] = schema | extras
+    required = [] if optional or node.get("_partial_") else [n for n in needed if n not in below]
+    doc = _first_sentence((inspect.getdoc(get_object(node["_target_"])) or "").split("\n\n")[0])
+    return {
+        "type": ["object", "null"],
+        "description": f"{node['_target_']}: {doc}".rstrip(": "),
+        "properties": properties,
+        **({"required": required} if required else {}),
+        "additionalProperties": takes_kwargs,
+    }
+
+
+def _arguments(target: Any) -> tuple[dict[str, tuple[Any, dict]], list[str], bool]:
+    """Per keyword argument of `target`, its hint, and its default and description; those it
+    needs; whether it takes other keys. A class whose `__init__` passes `**kwargs` on takes its
+    parents' arguments too (never needed: it may pass them itself)."""
+    arguments, needed = {}, []
+    classes = inspect.getmro(target)[:-1] if inspect.isclass(target) else ()
+    owners = [(c, vars(c)["__init__"]) for c in classes if "__init__" in vars(c)] or [
+        (target, target)
+    ]
+    for owner, function in owners:
+        try:
+            parameters = inspect.signature(function).parameters.values()
+        except (TypeError, ValueError):  # no signature to read (some builtins): takes anything
+            return arguments, needed, True
+        hints = _hints(function)
+        doc = "\n".join(inspect.getdoc(f) or "" for f in dict.fromkeys([owner, function]))
+        for p in parameters:
+            if p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) or p.name in {
+                "self",
+                *arguments,
+            }:
+                continue
+            words = _first_sentence(_entry(doc, p.name))
+            extras = {"description": words} if words else {}
+            with contextlib.suppress(TypeError, ValueError):  # a default JSON can write
+                extras["default"] = json.loads(json.dumps(p.default, allow_nan=False))
+            arguments[p.name] = hints.get(p.name, Any), extras
+            needed += [p.name] if p.default is p.empty and function is owners[0][1] else []
+        if all(p.kind is not p.VAR_KEYWORD for p in parameters):
+            return arguments, needed, False
+    return arguments, needed, True
+
+
+def _hints(function: Any) -> dict[str, Any]:
+    """`function`'s argument hints, evaluated as typing.get_type_hints does, but one by one: a
+    hint naming what only type checkers import leaves that argument alone untyped."""
+    function = inspect.unwrap(function)
+    hints = {}
+    for name, hint in inspect.get_annotations(function).items():
+        with contextlib.suppress(Exception):
+            hints[name] = eval(hint, function.__globals__) if isinstance(hint, str) else hint
+    return hints
+
+
+def _value_schema(hint: Any) -> dict:
+    """`hint` as a schema that also takes an interpolation."""
+    schema = _type_schema(hint)
+    kinds = schema.get("type", [])
+    if not schema or "string" in kinds:
+        return schema
+    if kinds and set(schema) <= {"type", "items"}:  # pattern and items judge one kind each
+        said = f"Expected {' or '.join(kinds)}, or an ${{...}} interpolation."  # VS Code's words
+        kinds = [*kinds, "string"]
+        return schema | {"type": kinds, "pattern": INTERPOLATION, "patternErrorMessage": said}
+    return {"anyOf": [*schema.get("anyOf", [schema]), {"type": "string", "pattern": INTERPOLATION}]}
+
+
+def _type_schema(hint: Any) -> dict:
+    """What YAML can write for `hint`. An instance of a class that has no YAML literal is a node
+    that builds one (`_target_`), an object."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Literal:
+        return {"enum": list(args)}
+    if origin in (typing.Union, types.UnionType):
+        members = [_type_schema(a) for a in args]
+        if not all(members):  # one member takes anything: so does the union
+            return {}
+        if all(set(m) == {"type"} for m in members):
+            return {"type": sorted({kind for m in members for kind in m["type"]})}
+        return {"anyOf": members}
+    kind = origin or hint
+    if kind in (Any, object) or not isinstance(kind, type) or issubclass(kind, enum.Enum):
+        return {}  # a TypeVar, ...; an Enum a target may take by name or by value
+    for base, name in (*SCALARS.items(), (os.PathLike, "string"), (numbers.Real, "number")):
+        if issubclass(kind, base):
+            return {"type": [name]}
+    if kind.__module__ in ("builtins", "collections.abc") and issubclass(kind, Iterable):
+        if issubclass(kind, Mapping):
+            return {"type": ["object"]}
+        items = [_value_schema(a) for a in args if a is not ...] or [{}]  # tuple[int, ...]
+        return {
+            "type": ["array"],
+            "items": items[0] if items.count(items[0]) == len(items) else {"anyOf": items},
+        }
+    return {"type": ["object"]}
+
+
+def _entry(doc: str, name: str) -> str:
+    """`name`'s entry in a docstring's argument list (`name: ...` or `name (type): ...`)."""
+    entry = re.search(rf"^(\s*){name}(?: \([^)]*\))?: (.*(?:\n\1\s+\S.*)*)", doc, re.MULTILINE)
+    return entry[2] if entry else ""
+
+
+def _first_sentence(text: str) -> str:
+    return re.split(r"(?<=\.)\s", " ".join(text.split()), maxsplit=1)[0]
+
+
+def write(root: Path) -> None:
+    """Writes the schemas of `root/configs` to `root/.schemas` and maps each file to its schema in
+    `root/.vscode/settings.json` (its other settings kept)."""
+    schemas = generate(root / "configs")
+    shutil.rmtree(root / ".schemas", ignore_errors=True)  # no schema outlives its config
+    for name, schema in schemas.items():
+        file = root / ".schemas" / f"{name}.json"
+        file.parent.mkdir(parents=True, exist_ok=True)
+        file.write_text(json.dumps(schema, indent=1) + "\n")
+    settings_file = root / ".vscode" / "settings.json"
+    settings = json.loads(settings_file.read_text()) if settings_file.exists() else {}
+    settings["yaml.schemas"] = {f".schemas/{n}.json": f"configs/{n}.yaml" for n in schemas}
+    settings_file.parent.mkdir(exist_ok=True)
+    settings_file.write_text(json.dumps(settings, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    write(Path(sys.argv[1] if len(sys.argv) > 1 else "."))
