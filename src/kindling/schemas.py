@@ -1,6 +1,6 @@
-"""JSON schemas of the configs for an editor's YAML language server: `python -m kindling.schemas`
-writes `.schemas/<group>/<name>.json` for each file of `configs/<group>/` whose node holds a
-`_target_`, and maps the files to them in `.vscode/settings.json` (`yaml.schemas`).
+"""JSON schemas of the configs for an editor's YAML language server: `python -m kindling.schemas`,
+run in the repository's root, writes `.schemas/<group>/<name>.json` for each `configs/<group>/`
+file whose node holds a `_target_`, and maps the files to them in `.vscode/settings.json`.
 
 A schema describes the node its file composes to with its defaults list (a `# @package _global_`
 file: the run config it changes; a file of Hydra's own node: what it writes). A `_target_` node
@@ -19,7 +19,6 @@ import numbers
 import os
 import re
 import shutil
-import sys
 import types
 import typing
 import warnings
@@ -32,6 +31,9 @@ from hydra.core.config_store import ConfigStore
 from hydra.utils import get_object
 from omegaconf import OmegaConf
 
+from kindling import cli
+from kindling.config.errors import UserError
+
 INTERPOLATION = r"\$\{|^\?\?\?$"  # "${...}" anywhere in a string, or OmegaConf's "???" (missing)
 STRING, BOOLEAN = {"type": ["string"]}, {"type": ["boolean"]}
 HYDRA_KEYS = {"_target_": STRING, "_convert_": STRING, "_partial_": BOOLEAN, "_recursive_": BOOLEAN}
@@ -40,29 +42,40 @@ SCALARS = {bool: "boolean", int: "integer", float: "number", str: "string", type
 
 def generate(configs: Path) -> dict[str, dict]:
     """Every schema, by the config file's path relative to `configs`, without `.yaml`."""
+    if not configs.is_dir():
+        raise UserError(f"No {configs}/: run python -m kindling.schemas in the repository's root.")
     schemas = {}
     with initialize_config_dir(str(configs.resolve()), version_base=None):
         for file in sorted(configs.glob("*/**/*.yaml")):
             name = file.relative_to(configs).with_suffix("").as_posix()
             if name.startswith("local/"):  # a machine's own, not committed: no schema to commit
                 continue
-            raw = OmegaConf.to_container(OmegaConf.load(file)) or {}
-            header = re.match(r"# @package (\S+)", file.read_text())
-            group, option = name.rsplit("/", 1)
-            package = header[1] if header else group.replace("/", ".")
-            if package.split(".")[0] == "hydra":  # Hydra's node: its plugins complete it
-                node, below = raw, {}
-            else:  # the file composed, and its defaults list alone: what the file need not give
-                ConfigStore.instance().store(
-                    f"{option}.below", {"defaults": raw.get("defaults", [])}, group, package
-                )
-                node = _composed(group, option, package)
-                below = _composed(group, f"{option}.below", package)
-            if _has_target(node):
-                schema = _node_schema(node, below, optional="_base/" in name)
-                schema["properties"]["defaults"] = {"type": "array"}  # Hydra's defaults list
-                schemas[name] = {"$schema": "http://json-schema.org/draft-07/schema#", **schema}
+            try:
+                schemas |= _file_schema(file, name)
+            except Exception as error:  # a target that does not import, a file Hydra refuses
+                raise UserError(f"configs/{name}.yaml: {' '.join(str(error).split())}") from error
     return schemas
+
+
+def _file_schema(file: Path, name: str) -> dict[str, dict]:
+    """{name: the schema of `file`}, or nothing where its node builds nothing."""
+    raw = OmegaConf.to_container(OmegaConf.load(file)) or {}
+    header = re.match(r"# @package (\S+)", file.read_text())
+    group, option = name.rsplit("/", 1)
+    package = header[1] if header else group.replace("/", ".")
+    if package.split(".")[0] == "hydra":  # Hydra's node: its plugins complete it
+        node, below = raw, {}
+    else:  # the file composed, and its defaults list alone: what the file need not give
+        ConfigStore.instance().store(
+            f"{option}.below", {"defaults": raw.get("defaults", [])}, group, package
+        )
+        node = _composed(group, option, package)
+        below = _composed(group, f"{option}.below", package)
+    if not _has_target(node):
+        return {}
+    schema = _node_schema(node, below, optional="_base/" in name)
+    schema["properties"]["defaults"] = {"type": "array"}  # Hydra's defaults list
+    return {name: {"$schema": "http://json-schema.org/draft-07/schema#", **schema}}
 
 
 def _composed(group: str, option: str, package: str) -> Any:
@@ -217,5 +230,10 @@ def write(root: Path) -> None:
     settings_file.write_text(json.dumps(settings, indent=2) + "\n")
 
 
+@cli.main
+def main() -> None:
+    write(Path.cwd())
+
+
 if __name__ == "__main__":
-    write(Path(sys.argv[1] if len(sys.argv) > 1 else "."))
+    main()
