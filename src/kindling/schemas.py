@@ -100,14 +100,15 @@ def _node_schema(node: Any, below: Any, optional: bool = False) -> dict:
     if "_target_" not in node:
         children = {k: _node_schema(v, below.get(k)) for k, v in node.items() if _has_target(v)}
         return {"type": ["object", "null"], "properties": children}
-    arguments, needed, takes_kwargs = _arguments(get_object(node["_target_"]))
+    target = get_object(node["_target_"])
+    arguments, needed, takes_kwargs = _arguments(target)
     properties = dict(HYDRA_KEYS)
     for name, (hint, extras) in arguments.items():
         value = node.get(name)
         schema = _node_schema(value, below.get(name)) if _has_target(value) else _value_schema(hint)
         properties[name] = schema | extras
     required = [] if optional or node.get("_partial_") else [n for n in needed if n not in below]
-    doc = _first_sentence((inspect.getdoc(get_object(node["_target_"])) or "").split("\n\n")[0])
+    doc = _first_sentence((inspect.getdoc(target) or "").split("\n\n")[0])
     return {
         "type": ["object", "null"],
         "description": f"{node['_target_']}: {doc}".rstrip(": "),
@@ -123,10 +124,8 @@ def _arguments(target: Any) -> tuple[dict[str, tuple[Any, dict]], list[str], boo
     parents' arguments too (never needed: it may pass them itself)."""
     arguments, needed = {}, []
     classes = inspect.getmro(target)[:-1] if inspect.isclass(target) else ()
-    owners = [(c, vars(c)["__init__"]) for c in classes if "__init__" in vars(c)] or [
-        (target, target)
-    ]
-    for owner, function in owners:
+    inits = [(c, vars(c)["__init__"]) for c in classes if "__init__" in vars(c)]
+    for depth, (owner, function) in enumerate(inits or [(target, target)]):
         try:
             parameters = inspect.signature(function).parameters.values()
         except (TypeError, ValueError):  # no signature to read (some builtins): takes anything
@@ -134,17 +133,15 @@ def _arguments(target: Any) -> tuple[dict[str, tuple[Any, dict]], list[str], boo
         hints = _hints(function)
         doc = "\n".join(inspect.getdoc(f) or "" for f in dict.fromkeys([owner, function]))
         for p in parameters:
-            if p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) or p.name in {
-                "self",
-                *arguments,
-            }:
+            keyword = p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+            if not keyword or p.name == "self" or p.name in arguments:
                 continue
             words = _first_sentence(_entry(doc, p.name))
             extras = {"description": words} if words else {}
             with contextlib.suppress(TypeError, ValueError):  # a default JSON can write
                 extras["default"] = json.loads(json.dumps(p.default, allow_nan=False))
             arguments[p.name] = hints.get(p.name, Any), extras
-            needed += [p.name] if p.default is p.empty and function is owners[0][1] else []
+            needed += [p.name] if p.default is p.empty and depth == 0 else []
         if all(p.kind is not p.VAR_KEYWORD for p in parameters):
             return arguments, needed, False
     return arguments, needed, True
