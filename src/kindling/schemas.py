@@ -48,7 +48,7 @@ def generate(configs: Path) -> dict[str, dict]:
     with initialize_config_dir(str(configs.resolve()), version_base=None):
         for file in sorted(configs.glob("*/**/*.yaml")):
             name = file.relative_to(configs).with_suffix("").as_posix()
-            if name.startswith("local/"):  # a machine's own, not committed: no schema to commit
+            if name.startswith("local/"):  # a machine's own configs: none
                 continue
             try:
                 schemas |= _file_schema(file, name)
