@@ -47,7 +47,9 @@ def build(node: DictConfig, key: str, **kwargs: Any) -> Any:
             raise
     else:
         if isinstance(built, functools.partial):
-            return ConfigFactory(key, node._target_, built.func, *built.args, **built.keywords)
+            factory = ConfigFactory(built.func, *built.args, **built.keywords)
+            factory.key, factory.target = key, node._target_
+            return factory
         return built
     # Raised outside the except block, so that Hydra's wrapper is not its context.
     user_error = find_user_error(cause)
@@ -68,10 +70,8 @@ class ConfigFactory(functools.partial):
     """A `_partial_: true` object of the config at `key`: a value refused when it is called
     (`model.optimizer.lr=-1`, inside `trainer.fit`) names its key."""
 
-    def __new__(cls, key: str, target: str, func: Any, *args: Any, **kwargs: Any):
-        factory = super().__new__(cls, func, *args, **kwargs)
-        factory.key, factory.target = key, target
-        return factory
+    key: str
+    target: str
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -85,12 +85,8 @@ def refused(error: BaseException, key: str, target: str) -> UserError:
     reason = (" ".join(str(error).split()) or type(error).__name__).rstrip(".")
     if isinstance(error, ImportError):  # `logger=wandb` without wandb installed
         return UserError(f"{key} ({target}) needs a package that is missing: {reason}.")
-    overrides = (
-        [o.lstrip("+") for o in HydraConfig.get().overrides.task]
-        if HydraConfig.initialized()
-        else []
-    )
-    you_set = ", ".join(o for o in overrides if o.startswith(f"{key}."))
+    given = HydraConfig.get().overrides.task if HydraConfig.initialized() else []
+    you_set = ", ".join(o.lstrip("+") for o in given if o.lstrip("+").startswith(f"{key}."))
     you_set = f"; you set {you_set}" if you_set else ""
     return UserError(
         f"{key} ({target}) refused its values: {reason}. Check the values under {key}{you_set}."
