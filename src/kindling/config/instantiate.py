@@ -63,7 +63,9 @@ def build(node: DictConfig, key: str, **kwargs: Any) -> Any:
 def instantiate_group(group: DictConfig | None, key: str) -> list[Any]:
     """Build every entry of `{name: {_target_: ...}}` (callbacks, loggers); a null entry
     (`callbacks.early_stopping=null`) is off."""
-    return [build(entry, f"{key}.{name}") for name, entry in (group or {}).items() if entry]
+    return [
+        build(entry, f"{key}.{name}") for name, entry in (group or {}).items() if entry is not None
+    ]
 
 
 class ConfigFactory(functools.partial):
