@@ -59,11 +59,9 @@ class JobError(UserError, CompactHydraException):
 def run(cfg: DictConfig) -> float | None:
     """Train and/or test as `cfg` says; return the value of `cfg.optimized_metric` (or None).
 
-    Bad input stops a single run with its message alone (no traceback; exit code 1), printed by
-    rank 0 only: every rank of a multi-process job meets the same mistake. In a multirun the
-    error is raised (a SystemExit would end the whole sweep). With HYDRA_FULL_ERROR=1 it is
-    raised as it is, and Hydra prints the whole traceback.
-    """
+    Bad input ends a run with its message alone (exit code 1), printed by rank 0 (every rank
+    meets it); in a multirun it is raised (a SystemExit would end the sweep); with
+    HYDRA_FULL_ERROR=1 it is raised as it is, with its traceback."""
     ignore_unhelpful_warnings()
     if HydraConfig.initialized():
         _log_through_hydra()
@@ -96,7 +94,7 @@ def run(cfg: DictConfig) -> float | None:
 def _exit_on_sigterm() -> Any:
     """Outside training, validation and testing (where CheckpointOnInterrupt saves at the end of
     the step), SIGTERM ends the run at once with 143 and a line saying so. Returns the handler
-    it replaced (None off the main thread, where the default one stays)."""
+    it replaced."""
 
     def stop(signum: int, frame: Any) -> None:
         log.warning("Stopped by SIGTERM outside training: nothing more was saved.")
@@ -104,7 +102,7 @@ def _exit_on_sigterm() -> Any:
 
     try:
         return signal.signal(signal.SIGTERM, stop)
-    except ValueError:
+    except ValueError:  # not the main thread: the default handler stays
         return None
 
 
