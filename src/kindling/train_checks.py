@@ -74,26 +74,19 @@ def check_accelerator(trainer: DictConfig) -> None:
         raise UserError("trainer.accelerator=mps but MPS is not available. Use trainer=cpu.")
 
 
-def launched_processes() -> tuple[str, int, int] | None:
-    """(launcher, nodes, processes per node) that srun or torchrun started; None for neither
-    (Lightning joins those processes, and looks for SLURM first, as here)."""
+def check_launched_processes(trainer: DictConfig) -> None:
+    """`trainer.num_nodes` and `trainer.devices` say how many processes srun or torchrun started
+    (Lightning joins those, looking for SLURM first, as here): otherwise the ranks wait for
+    processes that never come, or Lightning stops once the data and model are built."""
     env = os.environ
     if SLURMEnvironment.detect():
-        nodes = int(env.get("SLURM_NNODES", "1"))
-        return "srun", nodes, int(env["SLURM_NTASKS"]) // nodes
-    if TorchElasticEnvironment.detect():
-        return "torchrun", int(env.get("GROUP_WORLD_SIZE", "1")), int(env["LOCAL_WORLD_SIZE"])
-    return None
-
-
-def check_launched_processes(trainer: DictConfig) -> None:
-    """`trainer.num_nodes` and `trainer.devices` say how many processes torchrun or srun started:
-    otherwise the ranks wait for processes that never come, or Lightning stops once the data and
-    model are built, with a message about its own arguments."""
-    launched = launched_processes()
-    if launched is None:
+        launcher, nodes = "srun", int(env.get("SLURM_NNODES", "1"))
+        per_node = int(env["SLURM_NTASKS"]) // nodes
+    elif TorchElasticEnvironment.detect():
+        launcher, nodes = "torchrun", int(env.get("GROUP_WORLD_SIZE", "1"))
+        per_node = int(env["LOCAL_WORLD_SIZE"])
+    else:
         return
-    launcher, nodes, per_node = launched
     num_nodes = int(trainer.get("num_nodes", 1))
     devices = requested_world_size(trainer) // num_nodes
     if (num_nodes, devices) != (nodes, per_node):
