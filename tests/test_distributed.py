@@ -13,7 +13,7 @@ import pytest
 import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 
-from kindling.config import checks
+from kindling import train_checks as checks
 from kindling.config.instantiate import build
 from kindling.run import hydra_ddp
 from kindling.train import run

@@ -15,7 +15,7 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, open_dict
 from omegaconf.errors import InterpolationResolutionError
 
-from kindling.config import checks
+from kindling import train_checks as checks
 from kindling.run import run_folder
 from kindling.train import run
 

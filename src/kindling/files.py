@@ -9,14 +9,11 @@ from typing import BinaryIO
 
 
 def write_atomically(path: Path, write: Callable[[BinaryIO], None], durable: bool = False) -> None:
-    """Call `write(file)` on a new file beside `path`, then rename it to `path`.
-
-    Readers see the old file or the new one, never half of one; a failed write leaves `path` as
-    it was and no partial file. The partial file's name is unique, so processes (of several
-    nodes, whose process ids may be equal) can write the same path at the same time: the last
-    rename wins. `durable` syncs the data to disk before the rename, so that a crash right
-    after it cannot leave `path` empty. The file gets the permissions any new file gets (umask).
-    """
+    """Call `write(file)` on a new file beside `path`, then rename it to `path`: readers see the
+    old file or the new one, never half of one, and a failed write leaves no partial file. The
+    partial file's name is unique, so processes (of several nodes, whose process ids may be
+    equal) can write the same path at once: the last rename wins. `durable` syncs the data to
+    disk before the rename, so that a crash right after it cannot leave `path` empty."""
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     try:

@@ -4,14 +4,14 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import CompactHydraException
 from hydra.types import RunMode
 from lightning.pytorch.callbacks import (
     Callback,
@@ -24,10 +24,12 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zer
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from kindling import train_checks as checks
 from kindling.callbacks.config_in_checkpoint import ConfigInCheckpoint
 from kindling.callbacks.interrupt import CheckpointOnInterrupt
 from kindling.checkpoints import is_url
-from kindling.config import checks, resolvers  # noqa: F401 - importing registers the resolvers
+from kindling.config import resolvers  # noqa: F401 - importing registers the resolvers
+from kindling.config.checks import check_model_fits_data
 from kindling.config.config_tree import print_config_tree
 from kindling.config.errors import UserError, find_user_error, message
 from kindling.config.instantiate import build, check_arguments, instantiate_group
@@ -35,25 +37,37 @@ from kindling.data.loaders import per_device_batch_size
 from kindling.hardware import best_precision
 from kindling.known_warnings import ignore_unhelpful_warnings
 from kindling.loggers import trackers
-from kindling.run import folder_lock, hydra_ddp, job_record, provenance, resumed
+from kindling.run import folder_lock, hydra_ddp, job_record, provenance, resumed, run_folder
 
 log = logging.getLogger(__name__)
+
+# Each run and multirun gets a folder of its own (configs/hydra/default.yaml), named once: cached,
+# like Hydra's own `now`; resumed training continues in its checkpoint's run folder.
+OmegaConf.register_new_resolver("run_stamp", run_folder.run_stamp, use_cache=True, replace=True)
+OmegaConf.register_new_resolver("sweep_dir", run_folder.sweep_folder, use_cache=True, replace=True)
+OmegaConf.register_new_resolver("run_dir", resumed.run_dir, replace=True)
+OmegaConf.register_new_resolver("hydra_subdir", resumed.hydra_subdir, replace=True)
+# trainer=gpu_per_job gives job N of a parallel sweep its own GPU: `devices: ${job_device:}`.
+OmegaConf.register_new_resolver("job_device", hydra_ddp.job_device, replace=True)
+
+
+class JobError(UserError, CompactHydraException):
+    """A multirun job's UserError: Hydra records the job as failed, runs the others, and at the
+    end of the multirun prints the message alone."""
 
 
 def run(cfg: DictConfig) -> float | None:
     """Train and/or test as `cfg` says; return the value of `cfg.optimized_metric` (or None).
 
-    Bad input stops a single run with its message alone (no traceback; exit code 1), printed by
-    rank 0 only: every rank of a multi-process job meets the same mistake. In a multirun the
-    error is raised too, so Hydra records the job as failed and runs the others. With
-    HYDRA_FULL_ERROR=1 it is raised, and Hydra prints the whole traceback.
-    """
+    Bad input ends a run with its message alone (exit code 1), printed by rank 0 (every rank
+    meets it); in a multirun it is raised (a SystemExit would end the sweep); with
+    HYDRA_FULL_ERROR=1 it is raised as it is, with its traceback."""
     ignore_unhelpful_warnings()
-    _log_through_hydra()
+    if HydraConfig.initialized():
+        _log_through_hydra()
     previous_handler = _exit_on_sigterm()
     try:
-        job = job_record.recorded_job(cfg.paths.output_dir)  # in a multirun: how the job ended
-        with hydra_ddp.job_environment(), _trackers_closed(), job:
+        with hydra_ddp.job_environment(), job_record.recorded_job(cfg.paths.output_dir):
             return train_and_test(cfg)
     except SIGTERMException as stop:
         # Lightning stopped at the end of a step; CheckpointOnInterrupt said where it saved
@@ -65,10 +79,13 @@ def run(cfg: DictConfig) -> float | None:
             raise
         if rank_zero_only.rank == 0 or not user_error.raised_on_every_rank:
             log.error("%s", message(user_error))
-        if _in_multirun():
-            raise
+        if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+            raise JobError(message(user_error)) from error
         sys.exit(1)
     finally:
+        wandb = sys.modules.get("wandb")  # finished: the next job of a multirun starts its own
+        if wandb is not None and wandb.run is not None:
+            wandb.finish()
         folder_lock.release(cfg.paths.output_dir)
         if previous_handler is not None:
             signal.signal(signal.SIGTERM, previous_handler)
@@ -76,8 +93,8 @@ def run(cfg: DictConfig) -> float | None:
 
 def _exit_on_sigterm() -> Any:
     """Outside training, validation and testing (where CheckpointOnInterrupt saves at the end of
-    the step), SIGTERM ends the run at once with 143 and a line saying so: while it is set up,
-    between stages, or while it writes its results. Returns the handler it replaced."""
+    the step), SIGTERM ends the run at once with 143 and a line saying so. Returns the handler
+    it replaced."""
 
     def stop(signum: int, frame: Any) -> None:
         log.warning("Stopped by SIGTERM outside training: nothing more was saved.")
@@ -90,11 +107,9 @@ def _exit_on_sigterm() -> Any:
 
 
 def _log_through_hydra() -> None:
-    """Lightning's messages and Python's warnings through the handlers Hydra set up (the console
-    and the run folder's train.log). Lightning gives its loggers a console handler of their own
-    when it is imported before logging is configured, which would keep them out of train.log."""
-    if not HydraConfig.initialized():
-        return
+    """Lightning's messages and Python's warnings through Hydra's handlers (the console and the
+    run folder's train.log): Lightning gives its loggers a console handler of their own when it
+    is imported before logging is configured."""
     for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
         library_log = logging.getLogger(name)
         for handler in [h for h in library_log.handlers if type(h) is logging.StreamHandler]:
@@ -147,7 +162,10 @@ def train_and_test(cfg: DictConfig) -> float | None:
     rank_zero_info(run_summary(trainer, metrics, cfg.paths.output_dir))
     # A test-only run (train=false) has no validation metrics to return.
     name = cfg.get("optimized_metric") if cfg.get("train") else None
-    return _optimized_metric(name, metrics)
+    if name and name not in metrics:
+        logged = ", ".join(sorted(metrics))
+        raise UserError(f"optimized_metric={name!r} was not logged. Logged metrics: {logged}.")
+    return float(metrics[name]) if name else None
 
 
 def fill_in_from_data(data: DictConfig, datamodule: L.LightningDataModule) -> None:
@@ -189,9 +207,16 @@ def build_trainer(
         if isinstance(callback, ConfigInCheckpoint):  # the run's record: no YAML value holds it
             callback.config = OmegaConf.to_container(cfg, resolve=True)
             callback.provenance = run_provenance
+    # `trainer.enable_progress_bar=false` (and the like) turns off what these callbacks do:
+    # Lightning would refuse a progress bar or checkpoint callback beside it, and still run a
+    # model summary. LearningRateMonitor refuses to run without a logger.
+    switched_off = {"enable_progress_bar": ProgressBar, "enable_model_summary": ModelSummary}
+    switched_off |= {"enable_checkpointing": ModelCheckpoint}
+    dropped = tuple(kind for flag, kind in switched_off.items() if cfg.trainer.get(flag) is False)
+    dropped += () if loggers else (LearningRateMonitor,)
+    callbacks = [c for c in callbacks if not isinstance(c, dropped)]
     # Last: it holds back a SIGTERM that arrived during any other callback's validation hooks.
     callbacks.sort(key=lambda callback: isinstance(callback, CheckpointOnInterrupt))
-    callbacks = _callbacks_the_trainer_runs(callbacks, cfg.trainer, has_logger=bool(loggers))
     trainer = build(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False)
     if trainer.world_size > 1 and HydraConfig.initialized():
         # Lightning starts the extra ranks: as single runs of this job, in its folder.
@@ -201,12 +226,9 @@ def build_trainer(
 
 def decide_device_defaults(trainer: DictConfig, datamodule: L.LightningDataModule | None) -> None:
     """Fill in the trainer's null `precision` and `benchmark` (configs/trainer/default.yaml), so
-    that the run's recorded config says what it trained with.
-
-    Decided here, not while the config is composed: the precision reads the GPU through NVML
-    (no CUDA context, so strategy=ddp_fork can still fork), and cudnn.benchmark follows the data
-    module's `fixed_batch_shapes` (unknown: off, torch's default).
-    """
+    that the run's recorded config says what it trained with. Decided here, not while the config
+    is composed: the precision reads the GPU through NVML (no CUDA context, so ddp_fork can still
+    fork), and cudnn.benchmark follows the data module's `fixed_batch_shapes`."""
     with open_dict(trainer):
         if trainer.get("precision") is None:
             trainer.precision = best_precision(trainer.get("accelerator", "auto"))
@@ -218,9 +240,8 @@ def decide_device_defaults(trainer: DictConfig, datamodule: L.LightningDataModul
 def _check(cfg: DictConfig) -> str | None:
     """Fail on bad input before any work; return the checkpoint file to start from, if any."""
     folder_lock.hold(cfg.paths.output_dir)  # first: a folder in use is refused for that alone
-    checks.check_model_fits_data(cfg)
+    check_model_fits_data(cfg)
     checks.check_seed(cfg.get("seed"))
-    # Every object's config against its target's signature, before anything is built.
     for group in ("data", "model", "trainer", "callbacks", "logger"):
         check_arguments(cfg.get(group), group)
     checks.check_accelerator(cfg.trainer)
@@ -240,45 +261,9 @@ def _check(cfg: DictConfig) -> str | None:
     return str(checkpoint) if checkpoint is not None else None
 
 
-# `trainer.enable_progress_bar=false` (and the like) turns off what these callbacks do; Lightning
-# would refuse a progress bar or checkpoint callback beside it, and still run a model summary.
-SWITCHED_OFF_BY = {
-    "enable_progress_bar": ProgressBar,
-    "enable_model_summary": ModelSummary,
-    "enable_checkpointing": ModelCheckpoint,
-}
-
-
-def _callbacks_the_trainer_runs(
-    callbacks: list[Callback], trainer: DictConfig, has_logger: bool
-) -> list[Callback]:
-    """The callbacks less those the trainer config switches off, or that need a logger."""
-    dropped = tuple(kind for flag, kind in SWITCHED_OFF_BY.items() if trainer.get(flag) is False)
-    if not has_logger:
-        # LearningRateMonitor refuses to run without a logger; there is nothing to record to.
-        dropped += (LearningRateMonitor,)
-    return [c for c in callbacks if not isinstance(c, dropped)]
-
-
-@contextmanager
-def _trackers_closed() -> Iterator[None]:
-    """Finish the wandb run, if any: the next job of a multirun (same process) starts its own."""
-    try:
-        yield
-    finally:
-        wandb = sys.modules.get("wandb")
-        if wandb is not None and wandb.run is not None:
-            wandb.finish()
-
-
-def _in_multirun() -> bool:
-    # A SystemExit would end the whole sweep; an exception lets Hydra finish the other jobs.
-    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
-
-
 def run_summary(trainer: L.Trainer, metrics: dict, run_dir: str | Path) -> str:
-    """What came of the run, in a few lines: the best checkpoint and its score, the test
-    metrics, the pictures, the run folder."""
+    """What came of the run: the best checkpoint and its score, the test metrics, the pictures,
+    the run folder."""
     lines = []
     callback = trainer.checkpoint_callback
     if callback is not None and callback.best_model_path and callback.best_model_score is not None:
@@ -290,8 +275,7 @@ def run_summary(trainer: L.Trainer, metrics: dict, run_dir: str | Path) -> str:
     pictures = sorted(p.name for p in Path(run_dir).glob("*.png"))
     if pictures:
         lines.append(f"Pictures: {', '.join(pictures)}")
-    lines.append(f"Run folder: {run_dir}")
-    return "\n".join(lines)
+    return "\n".join([*lines, f"Run folder: {run_dir}"])
 
 
 def _best_checkpoint(trainer: L.Trainer) -> str | None:
@@ -306,12 +290,3 @@ def _best_checkpoint(trainer: L.Trainer) -> str | None:
     if not best.is_file():  # a resumed run whose folder moved: same file name, new folder
         best = Path(callback.dirpath) / best.name
     return str(best)
-
-
-def _optimized_metric(name: str | None, metrics: dict) -> float | None:
-    if not name:
-        return None
-    if name not in metrics:
-        logged = ", ".join(sorted(metrics))
-        raise UserError(f"optimized_metric={name!r} was not logged. Logged metrics: {logged}.")
-    return float(metrics[name])

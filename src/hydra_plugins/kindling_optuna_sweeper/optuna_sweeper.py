@@ -6,6 +6,7 @@ and the sweep itself (kindling.sweeps.optuna_sweep) load only when a sweep is se
 
 from typing import Any
 
+from hydra.errors import CompactHydraException
 from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
@@ -25,4 +26,11 @@ class OptunaSweeper(Sweeper):
         )
 
     def sweep(self, arguments: list[str]) -> Any:
-        return self.optuna_sweep.sweep(arguments)
+        from kindling.config.errors import UserError
+
+        try:
+            return self.optuna_sweep.sweep(arguments)
+        except UserError as error:  # a search space it cannot sample: Hydra prints one line
+            if isinstance(error, CompactHydraException):
+                raise
+            raise CompactHydraException(str(error)) from error

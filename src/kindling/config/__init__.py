@@ -1,2 +1,2 @@
-"""Config building and its errors: `UserError`, checks that fail fast, building objects from
-config, the config tree a run prints, and the resolvers the configs use."""
+"""From config to objects: `UserError`, building objects checked against their signatures, the
+config tree a run saves, and the resolvers the configs use. Imports nothing else of kindling."""

@@ -1,14 +1,8 @@
 """Errors caused by input a user can fix: printed as one short message, without a traceback."""
 
-from hydra.errors import CompactHydraException
 
-
-class UserError(CompactHydraException):
-    """Bad configuration or missing files: the message names the problem and the fix.
-
-    A CompactHydraException: where one leaves a Hydra job (the end of a multirun), Hydra prints
-    its message alone, and the whole traceback with HYDRA_FULL_ERROR=1.
-    """
+class UserError(Exception):
+    """Bad configuration or missing files: the message names the problem and the fix."""
 
     # Every process of a multi-device run reads the same config and data, so raises the same
     # error: rank 0 alone prints it. An error that only some processes raise sets False.
@@ -17,12 +11,9 @@ class UserError(CompactHydraException):
 
 def find_user_error(error: BaseException) -> UserError | None:
     """The UserError behind `error`, also when Hydra's instantiate wrapped it in its own."""
-    seen: BaseException | None = error
-    while seen is not None:
-        if isinstance(seen, UserError):
-            return seen
-        seen = seen.__cause__ or seen.__context__
-    return None
+    while error is not None and not isinstance(error, UserError):
+        error = error.__cause__ or error.__context__
+    return error
 
 
 def message(error: UserError) -> str:

@@ -1,21 +1,16 @@
-"""Build objects from config; each config checked against its target's signature beforehand.
+"""Build objects from config, each config checked against its target's signature first.
 
-Every config mistake is one line naming its key:
-- `check_arguments`, before anything is built (`kindling.train._check`), reads each object's
-  config against its `_target_`'s signature: a target that does not exist, an argument it does
-  not take, one it needs and is not given, a plain value of another type than it declares;
-- `build`: a `ValueError` or Lightning's `MisconfigurationException` raised while the object is
-  built, or later when a `_partial_` factory is called (the optimizer in `configure_optimizers`),
-  is the target refusing its values (what argument checks raise, in torch, Lightning and
-  kindling): the key and the library's message. A missing package (`ImportError`) says so.
-Everything else (a bug in a constructor, anything raised in `forward`) keeps its traceback.
+`check_arguments`, before anything is built, binds each `_target_`'s config to its signature: a
+target that does not exist, an argument it does not take, one it needs and is not given, or a
+plain value a simple hint refuses (a number, bool, None, `Literal` choice, list) is one line
+naming the key. `build` instantiates: a value the target refuses (`ValueError`, Lightning's
+`MisconfigurationException`) or a missing package is one line, the key and the library's own
+message. Anything else (a bug in a constructor or in `forward`) keeps its traceback.
 """
 
-import difflib
 import functools
 import importlib
 import inspect
-import re
 import typing
 from collections.abc import Sequence
 from types import UnionType
@@ -32,18 +27,14 @@ from kindling.config.errors import UserError, find_user_error
 
 # Keys of an object's config that are Hydra's, not arguments of the object.
 HYDRA_KEYS = ("_target_", "_partial_", "_recursive_", "_convert_", "_args_")
-# What argument checks raise when they refuse a value.
-REFUSALS = (ValueError, MisconfigurationException)
+# What argument checks raise when they refuse a value, and what a missing package raises.
+REFUSALS = (ValueError, MisconfigurationException, ImportError)
 
 
 def build(node: DictConfig, key: str, **kwargs: Any) -> Any:
-    """`instantiate(node)`, for a config `check_arguments` passed; a refused value is one line.
-
-    The objects nested in `node` (`model.net`) are built first, each under its own key; a
-    `_partial_: true` one becomes a `ConfigFactory`, which names its key when it is called.
-    `_convert_="all"`: objects get plain lists and dicts, never OmegaConf containers, so what
-    they save into checkpoints loads with `torch.load(weights_only=True)`.
-    """
+    """`instantiate(node)` with its nested objects built first, each under its own key, so a
+    refusal names the object that refused; a `_partial_: true` one becomes a `ConfigFactory`.
+    `_convert_="all"`: plain lists and dicts, which checkpoints load with `weights_only=True`."""
     if node.get("_recursive_", True):
         for name, child in node.items():
             if name not in kwargs and isinstance(child, DictConfig) and "_target_" in child:
@@ -51,9 +42,9 @@ def build(node: DictConfig, key: str, **kwargs: Any) -> Any:
     try:
         built = instantiate(node, _convert_="all", **kwargs)
     except InstantiationException as error:
-        if error.__cause__ is None:  # Hydra's own refusal (a blocklisted target): clear as it is
-            raise
         cause = error.__cause__
+        if cause is None:  # Hydra's own refusal (a blocklisted target): clear as it is
+            raise
     else:
         if isinstance(built, functools.partial):
             factory = ConfigFactory(built.func, *built.args, **built.keywords)
@@ -61,25 +52,25 @@ def build(node: DictConfig, key: str, **kwargs: Any) -> Any:
             return factory
         return built
     # Raised outside the except block, so that Hydra's wrapper is not its context.
-    failure = find_user_error(cause) or _refusal(cause, key, built_from=node._target_)
-    if failure is None or failure is cause:
+    user_error = find_user_error(cause)
+    if user_error is None and isinstance(cause, REFUSALS):
+        user_error = refused(cause, key, node._target_)
+    if user_error is None or user_error is cause:
         raise cause
-    raise failure from cause
+    raise user_error from cause
 
 
 def instantiate_group(group: DictConfig | None, key: str) -> list[Any]:
-    """Build every entry of `{name: {_target_: ...}}` (callbacks, loggers); null entries are off.
-
-    A user turns one entry off with `callbacks.early_stopping=null`.
-    """
-    if not group:
-        return []
-    return [build(entry, f"{key}.{name}") for name, entry in group.items() if entry is not None]
+    """Build every entry of `{name: {_target_: ...}}` (callbacks, loggers); a null entry
+    (`callbacks.early_stopping=null`) is off."""
+    return [
+        build(entry, f"{key}.{name}") for name, entry in (group or {}).items() if entry is not None
+    ]
 
 
 class ConfigFactory(functools.partial):
-    """A `_partial_: true` object of the config at `key`: calling it builds the object, and a
-    value refused then (`model.optimizer.lr=-1`, inside `trainer.fit`) names its key."""
+    """A `_partial_: true` object of the config at `key`: a value refused when it is called
+    (`model.optimizer.lr=-1`, inside `trainer.fit`) names its key."""
 
     key: str
     target: str
@@ -87,40 +78,25 @@ class ConfigFactory(functools.partial):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         try:
             return super().__call__(*args, **kwargs)
-        except (*REFUSALS, ImportError) as error:
-            raise _refusal(error, self.key, built_from=self.target) from error
+        except REFUSALS as error:
+            raise refused(error, self.key, self.target) from error
 
 
-def _refusal(error: BaseException, key: str, built_from: str) -> UserError | None:
-    """The one line for `error` raised by the target of the config at `key`, with the values the
-    command line set under it; None if it is not a refusal (a bug keeps its traceback)."""
+def refused(error: BaseException, key: str, target: str) -> UserError:
+    """One line: the object at `key`, the library's message, the values the command line set."""
+    reason = (" ".join(str(error).split()) or type(error).__name__).rstrip(".")
     if isinstance(error, ImportError):  # `logger=wandb` without wandb installed
-        return UserError(f"{key} ({built_from}) needs a package that is missing: {_reason(error)}.")
-    if not isinstance(error, REFUSALS):
-        return None
-    overrides = []
-    if HydraConfig.initialized():
-        overrides = [o.lstrip("+") for o in HydraConfig.get().overrides.task]
-        overrides = [o for o in overrides if o.startswith(f"{key}.")]
-    you_set = f"; you set {', '.join(overrides)}" if overrides else ""
+        return UserError(f"{key} ({target}) needs a package that is missing: {reason}.")
+    given = HydraConfig.get().overrides.task if HydraConfig.initialized() else []
+    you_set = ", ".join(o.lstrip("+") for o in given if o.lstrip("+").startswith(f"{key}."))
+    you_set = f"; you set {you_set}" if you_set else ""
     return UserError(
-        f"{key} ({built_from}) refused its values: {_reason(error)}. Check the values under "
-        f"{key}{you_set}."
+        f"{key} ({target}) refused its values: {reason}. Check the values under {key}{you_set}."
     )
 
 
-def _reason(error: BaseException) -> str:
-    return (" ".join(str(error).split()) or type(error).__name__).rstrip(".")
-
-
-# ------------------------------------------------------------------------------------------------
-# Before building: the config against the signature
-
-
 def check_arguments(node: Any, key: str) -> None:
-    """Every object under `node` (a config with `_target_`): its target exists, takes each
-    argument given, is given each one it needs (unless `_partial_`), and each plain value has
-    the type the signature declares (numbers, bools, None, `Literal`, lists)."""
+    """Bind every object's config under `node` to its target's signature (see the top)."""
     if not isinstance(node, DictConfig):
         return
     if "_target_" not in node:
@@ -128,10 +104,11 @@ def check_arguments(node: Any, key: str) -> None:
             check_arguments(child, f"{key}.{name}")
         return
     target, name = locate(node._target_, key), node._target_
-    parameters, takes_any = _parameters(target)
+    parameters, takes_any, needed = _signature(target)
     values = OmegaConf.to_container(node, resolve=True)
-    given = {k: v for k, v in values.items() if k not in HYDRA_KEYS}
-    for argument, value in given.items():
+    for argument, value in values.items():
+        if argument in HYDRA_KEYS:
+            continue
         if argument not in parameters and not takes_any:
             raise UserError(
                 f"{key}.{argument}={_show(value)}: {name} takes no argument {argument!r} (it "
@@ -139,14 +116,15 @@ def check_arguments(node: Any, key: str) -> None:
             )
         hint = parameters[argument].annotation if argument in parameters else None
         if hint is not None and not _has_type(value, hint):
+            hint_name = hint.__name__ if isinstance(hint, type) else str(hint)
+            hint_name = hint_name.replace("typing.", "").replace("collections.abc.", "")
             raise UserError(
                 f"{key}.{argument}={_show(value)} has the wrong type: {name} takes "
-                f"{argument}: {_type_name(hint)}. Change {key}.{argument}."
+                f"{argument}: {hint_name}. Change {key}.{argument}."
             )
-    if not node.get("_partial_", False):
-        for argument in _needed(target):
-            if argument not in node:
-                raise UserError(f"{key}: {name} needs {argument}. Add +{key}.{argument}=<value>.")
+    missing = [a for a in needed if a not in node]
+    if missing and not node.get("_partial_", False):
+        raise UserError(f"{key}: {name} needs {missing[0]}. Add +{key}.{missing[0]}=<value>.")
     if node.get("_recursive_", True):
         for argument, child in node.items():
             if argument not in HYDRA_KEYS:
@@ -167,71 +145,46 @@ def locate(path: Any, key: str) -> Any:
         raise UserError(
             f"{key}._target_={path}: there is no module {error.name}. Change {key}._target_."
         ) from None
-    if not hasattr(module, attribute):
-        raise UserError(
-            f"{key}._target_={path}: {_has_no(module, attribute)}. Change {key}._target_."
-        )
-    return getattr(module, attribute)
-
-
-def _has_no(module: Any, attribute: str) -> str:
-    """`kindling.models has no Nope (it has CNNClassifier, ...)`, or the closest names."""
-    names = getattr(module, "__all__", None)
-    if names is None:  # what the module defines, not what it imports
-        names = [
-            n
-            for n, v in vars(module).items()
-            if not n.startswith("_") and getattr(v, "__module__", None) == module.__name__
-        ]
-    text = f"{module.__name__} has no {attribute}"
-    if len(names) <= 16:
-        return f"{text} (it has {', '.join(sorted(names))})"
-    close = difflib.get_close_matches(attribute, names, n=3)
-    return f"{text} (did you mean {' or '.join(close)}?)" if close else text
-
-
-def _functions(target: Any) -> list[Any]:
-    """The functions a config's arguments go to: a class's `__init__` and, while it passes
-    `**kwargs` on, its parents' (DigitsDataModule -> InMemoryImageDataModule)."""
-    if isinstance(target, type):
-        return [c.__init__ for c in target.__mro__ if "__init__" in vars(c)]
-    return [target]
-
-
-def _named(function: Any) -> list[inspect.Parameter]:
-    try:
-        parameters = inspect.signature(function).parameters.values()
-    except (TypeError, ValueError):  # no signature to read (some builtins): takes anything
-        return [inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD)]
-    keyword = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    return [
-        p for p in parameters if p.name != "self" and (p.kind in keyword or p.kind is p.VAR_KEYWORD)
+    if hasattr(module, attribute):
+        return getattr(module, attribute)
+    # What the module defines, not what it imports; listed where that is short.
+    names = getattr(module, "__all__", None) or [
+        n for n, v in vars(module).items() if getattr(v, "__module__", None) == module_name
     ]
+    has = f" (it has {', '.join(sorted(names))})" if len(names) <= 16 else ""
+    raise UserError(
+        f"{key}._target_={path}: {module_name} has no {attribute}{has}. Change {key}._target_."
+    )
 
 
-def _parameters(target: Any) -> tuple[dict[str, inspect.Parameter], bool]:
-    """The named arguments `target` takes (a subclass's own first), and whether it takes any
-    other name (`**kwargs` that no parent's signature ends)."""
+def _signature(target: Any) -> tuple[dict[str, inspect.Parameter], bool, list[str]]:
+    """The named arguments `target` takes, whether it takes any other name, and those it needs.
+    A class's arguments are its `__init__`'s and, while that passes `**kwargs` on, its parents'
+    (DigitsDataModule -> InMemoryImageDataModule); its own needed ones only."""
+    functions = [target]
+    if isinstance(target, type):
+        functions = [c.__init__ for c in target.__mro__ if "__init__" in vars(c)]
     parameters: dict[str, inspect.Parameter] = {}
-    for function in _functions(target):
-        named = _named(function)
+    needed = None
+    for function in functions:
+        try:
+            signature = inspect.signature(function).parameters.values()
+        except (TypeError, ValueError):  # no signature to read (some builtins): takes anything
+            return parameters, True, needed or []
+        named = [p for p in signature if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        named = [p for p in named if p.name != "self"]
+        if needed is None:
+            needed = [p.name for p in named if p.default is p.empty]
         for p in named:
-            if p.kind is not p.VAR_KEYWORD:
-                parameters.setdefault(p.name, p)
-        if not any(p.kind is p.VAR_KEYWORD for p in named):
-            return parameters, False
-    return parameters, True
-
-
-def _needed(target: Any) -> list[str]:
-    """The arguments the target's own signature needs (its parents' it may pass itself)."""
-    named = _named(_functions(target)[0])
-    return [p.name for p in named if p.kind is not p.VAR_KEYWORD and p.default is p.empty]
+            parameters.setdefault(p.name, p)
+        if not any(p.kind is p.VAR_KEYWORD for p in signature):
+            return parameters, False, needed
+    return parameters, True, needed or []
 
 
 def _has_type(value: Any, hint: Any) -> bool:
-    """Whether `value` (plain, from YAML) has type `hint`; True where a hint says nothing a YAML
-    value can be judged by (a string, a path, a class: its own code judges it)."""
+    """Whether a plain YAML value has type `hint`; True where the hint is not simple to judge
+    (a string, a path, a class: the target's own code judges it)."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (typing.Union, UnionType):
         return any(_has_type(value, a) for a in args)
@@ -247,11 +200,6 @@ def _has_type(value: Any, hint: Any) -> bool:
     if (origin or hint) in (list, tuple, Sequence):
         return isinstance(value, list | tuple)
     return True
-
-
-def _type_name(hint: Any) -> str:
-    text = hint.__name__ if isinstance(hint, type) else str(hint)
-    return re.sub(r"\b(typing|collections\.abc)\.", "", text)
 
 
 def _show(value: Any) -> str:

@@ -1,15 +1,11 @@
-"""The resolvers the configs use (`${name:...}`), registered when this module is imported.
-
-Each computes a value from its arguments; `run_stamp` and `sweep_dir` name a new folder, once per
-config (cached, like Hydra's own `now`).
-"""
+"""The resolvers the configs use (`${name:...}`), registered when this module is imported; those
+of the run folders are `kindling.train`'s."""
 
 from typing import Any
 
 from omegaconf import ListConfig, OmegaConf
 
 from kindling.config.errors import UserError
-from kindling.run import hydra_ddp, resumed, run_folder
 
 
 # The data sets' own resolvers: their modules load when a config of theirs is resolved.
@@ -69,15 +65,6 @@ def gpu_count(accelerator: Any, devices: Any) -> int | None:
     return device_count(devices) if accelerator in ("gpu", "cuda", "auto") else None
 
 
-# Each run and multirun gets a folder of its own (configs/hydra/default.yaml,
-# kindling/run/run_folder.py); cached, like Hydra's own `now`, so it is named once.
-OmegaConf.register_new_resolver("run_stamp", run_folder.run_stamp, use_cache=True, replace=True)
-OmegaConf.register_new_resolver("sweep_dir", run_folder.sweep_folder, use_cache=True, replace=True)
-# Resumed training continues in its checkpoint's run folder (kindling/run/resumed.py).
-OmegaConf.register_new_resolver("run_dir", resumed.run_dir, replace=True)
-OmegaConf.register_new_resolver("hydra_subdir", resumed.hydra_subdir, replace=True)
-# trainer=gpu_per_job gives job N of a parallel sweep its own GPU: `devices: ${job_device:}`.
-OmegaConf.register_new_resolver("job_device", hydra_ddp.job_device, replace=True)
 # data=image_folder counts its classes: `num_classes: ${class_count:${data.path}}`; the augment
 # group pads crops by an eighth of the image size: `${div:${data.image_shape.1},8}`.
 OmegaConf.register_new_resolver("class_count", class_count, replace=True)

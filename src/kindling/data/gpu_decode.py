@@ -15,8 +15,6 @@ JPEG_MAGIC = b"\xff\xd8\xff"
 
 
 def check_decode_device(decode_device: str) -> None:
-    if decode_device not in ("cpu", "cuda"):
-        raise UserError(f"data.decode_device must be cpu or cuda, got {decode_device!r}.")
     if decode_device == "cuda" and not torch.cuda.is_available():
         raise UserError(
             "data.decode_device=cuda decodes images on a CUDA GPU, but CUDA is not available "

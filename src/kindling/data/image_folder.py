@@ -3,7 +3,7 @@
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch.utils.data import DataLoader
@@ -68,7 +68,7 @@ class ImageFolderDataModule(SplitDataModule):
         path: str,
         num_classes: int,
         image_size: int = 64,
-        channels: int = 3,
+        channels: Literal[1, 3] = 3,
         image_shape: Sequence[int] | None = None,
         batch_size: int = 64,
         val_fraction: float = 0.1,
@@ -78,29 +78,25 @@ class ImageFolderDataModule(SplitDataModule):
         mean: Sequence[float] | None = None,
         std: Sequence[float] | None = None,
         statistics_sample: int = 1000,
-        unreadable: str = "skip",
+        unreadable: Literal["skip", "check"] = "skip",
         num_workers: int | None = None,
         pin_memory: bool = True,
         persistent_workers: bool = True,
         prefetch_factor: int = 2,
         drop_last: bool = True,
-        decode_device: str = "cpu",
+        decode_device: Literal["cpu", "cuda"] = "cpu",
         folds: int | None = None,
         fold: int | None = None,
     ):
         super().__init__()
         self.save_hyperparameters(ignore=["augment"], logger=False)
         per_device_batch_size(batch_size, 1)
-        if channels not in (1, 3):
-            raise UserError(f"data.channels must be 1 (grey) or 3 (RGB), got {channels}.")
         expected = [channels, image_size, image_size]
         if image_shape is not None and list(image_shape) != expected:
             raise UserError(
                 f"data.image_shape={list(image_shape)} disagrees with data.channels={channels} "
                 f"and data.image_size={image_size}: set those two; image_shape follows them."
             )
-        if unreadable not in ("skip", "check"):
-            raise UserError(f"data.unreadable must be skip or check, got {unreadable!r}.")
         if (mean is None) != (std is None):
             raise UserError("Give data.mean and data.std together, or neither (measured).")
         check_decode_device(decode_device)

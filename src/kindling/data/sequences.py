@@ -1,7 +1,7 @@
 """Your own sequences: variable-length time series from a long table, padded per batch."""
 
 import logging
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch.nn.utils.rnn import pad_sequence
@@ -107,7 +107,7 @@ class SequenceTableDataModule(SplitDataModule):
         label_column: str = "label",
         time_column: str | None = "time",
         split_column: str | None = "split",
-        missing: str = "refuse",
+        missing: Literal["refuse", "mean"] = "refuse",
         batch_size: int = 64,
         val_fraction: float = 0.1,
         test_fraction: float = 0.2,
@@ -123,8 +123,6 @@ class SequenceTableDataModule(SplitDataModule):
         super().__init__()
         self.save_hyperparameters(logger=False)
         per_device_batch_size(batch_size, 1)
-        if missing not in ("refuse", "mean"):
-            raise UserError(f"data.missing must be refuse or mean, got {missing!r}.")
         for name, fraction in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
             if not 0.0 < fraction < 1.0:
                 raise UserError(f"data.{name} must be between 0 and 1, got {fraction}.")
