@@ -1,5 +1,5 @@
-"""Store the run's resolved config and provenance in every checkpoint, so a checkpoint alone
-rebuilds its model and says what produced it."""
+"""The run's resolved config and provenance in every checkpoint: a checkpoint alone rebuilds its
+model and says what produced it."""
 
 from typing import Any
 
@@ -8,20 +8,13 @@ from lightning.pytorch.callbacks import Callback
 
 
 class ConfigInCheckpoint(Callback):
-    """Saves `config` as `checkpoint["config"]` and `provenance` (command line, git commit and
-    diff, versions: `kindling.run.provenance`) as `checkpoint["provenance"]`: plain containers,
-    which `weights_only` loads."""
+    """`checkpoint["config"]` and `checkpoint["provenance"]` (`kindling.run.provenance`), plain
+    containers that `weights_only` loads; `kindling.train` sets both."""
 
-    def __init__(
-        self, config: dict[str, Any] | None = None, provenance: dict[str, Any] | None = None
-    ):
-        self.config = config
-        self.provenance = provenance
+    def __init__(self, config: dict | None = None, provenance: dict | None = None):
+        self.config, self.provenance = config, provenance
 
-    def on_save_checkpoint(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
-    ) -> None:
-        if self.config is not None:
-            checkpoint["config"] = self.config
-        if self.provenance is not None:
-            checkpoint["provenance"] = self.provenance
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: Any, checkpoint: dict) -> None:
+        for key in ("config", "provenance"):
+            if getattr(self, key) is not None:
+                checkpoint[key] = getattr(self, key)
