@@ -14,7 +14,7 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from kindling.files import write_atomically
 
-# How a job of a multirun ended (kindling.run.multirun_report), and the run's last metrics
+# How a job of a multirun ended (kindling.multirun_report), and the run's last metrics
 # (kindling.train). An Optuna sweep adds trial.yaml, which knows a pruned trial.
 JOB_FILE = "job.yaml"
 RESULTS_FILE = "results.yaml"
