@@ -61,15 +61,12 @@ def check_hydra_launchers() -> None:
     for module in (pytorch_launcher, fabric_launcher):
         target = f"{module.__name__}._hydra_subprocess_cmd(local_rank)"
         command = getattr(module, "_hydra_subprocess_cmd", None)
-        _require(
-            callable(command) and [*inspect.signature(command).parameters] == ["local_rank"], target
-        )
+        arguments = [*inspect.signature(command).parameters] if callable(command) else None
+        _require(arguments == ["local_rank"], target)
         # Replacing the function works only while the launcher looks it up by name.
         starts = getattr(module._SubprocessScriptLauncher, "_call_children_scripts", None)
-        _require(
-            "_hydra_subprocess_cmd" in _names(starts),
-            f"{target}, called by _SubprocessScriptLauncher._call_children_scripts",
-        )
+        caller = "_SubprocessScriptLauncher._call_children_scripts"
+        _require("_hydra_subprocess_cmd" in _names(starts), f"{target}, called by {caller}")
 
 
 def install_hydra_rank_command(command: Callable[[int], tuple[Sequence[str], str]]) -> None:
@@ -80,19 +77,15 @@ def install_hydra_rank_command(command: Callable[[int], tuple[Sequence[str], str
 
 
 def check_sampler_epoch() -> None:
-    _require(
-        callable(getattr(fabric_data, "_set_sampler_epoch", None)),
-        "lightning.fabric.utilities.data._set_sampler_epoch(loader, epoch)",
-    )
+    setter = getattr(fabric_data, "_set_sampler_epoch", None)
+    _require(callable(setter), "lightning.fabric.utilities.data._set_sampler_epoch")
 
 
 def check_training_loader(trainer: lightning.Trainer) -> None:
     for name in ("_combined_loader", "_data_fetcher"):
         _require(hasattr(trainer.fit_loop, name), f"_FitLoop.{name}")
-    _require(
-        callable(getattr(CombinedLoader, "_load_state_dicts", None)),
-        "CombinedLoader._load_state_dicts(states)",
-    )
+    load = getattr(CombinedLoader, "_load_state_dicts", None)
+    _require(callable(load), "CombinedLoader._load_state_dicts(states)")
 
 
 def continue_training_loader(
@@ -119,10 +112,8 @@ def continue_training_loader(
 
 
 def check_sigterm_flag(trainer: lightning.Trainer) -> None:
-    _require(
-        isinstance(getattr(trainer._signal_connector, "received_sigterm", None), bool),
-        "_SignalConnector.received_sigterm",
-    )
+    flag = getattr(trainer._signal_connector, "received_sigterm", None)
+    _require(isinstance(flag, bool), "_SignalConnector.received_sigterm")
 
 
 def set_sigterm_received(trainer: lightning.Trainer, received: bool) -> None:
@@ -133,10 +124,8 @@ def set_sigterm_received(trainer: lightning.Trainer, received: bool) -> None:
 
 def check_throughput_meters(monitor: ThroughputMonitor) -> None:
     meters = getattr(monitor, "_throughputs", None)
-    _require(
-        isinstance(meters, dict) and all(isinstance(m, Throughput) for m in meters.values()),
-        "ThroughputMonitor._throughputs",
-    )
+    meters_ok = isinstance(meters, dict) and all(isinstance(m, Throughput) for m in meters.values())
+    _require(meters_ok, "ThroughputMonitor._throughputs")
 
 
 def set_available_flops(monitor: ThroughputMonitor, flops: float) -> None:
@@ -150,16 +139,11 @@ def set_available_flops(monitor: ThroughputMonitor, flops: float) -> None:
 def check_epoch_end_row(trainer: lightning.Trainer) -> None:
     connector = type(getattr(trainer, "_logger_connector", None))
     _require(isinstance(getattr(connector, "metrics", None), property), "_LoggerConnector.metrics")
-    _require(
-        isinstance(getattr(trainer.fit_loop.epoch_loop, "_batches_that_stepped", None), int),
-        "_TrainingEpochLoop._batches_that_stepped",
-    )
-    names = _names(_FitLoop.on_advance_end)
-    hooks, row = "_call_callback_hooks", "update_train_epoch_metrics"
-    _require(
-        hooks in names and row in names and names.index(hooks) < names.index(row),
-        "_FitLoop.on_advance_end logging the train row after the epoch-end hooks",
-    )
+    step = getattr(trainer.fit_loop.epoch_loop, "_batches_that_stepped", None)
+    _require(isinstance(step, int), "_TrainingEpochLoop._batches_that_stepped")
+    names, row = _names(_FitLoop.on_advance_end), "update_train_epoch_metrics"
+    hooks_first = row in names and "_call_callback_hooks" in names[: names.index(row)]
+    _require(hooks_first, "_FitLoop.on_advance_end logging the train row after the epoch's hooks")
 
 
 def epoch_end_row(trainer: lightning.Trainer) -> tuple[dict[str, float], int] | None:
