@@ -16,7 +16,7 @@ feature in one line naming the versions kindling was tested with. Tests: tests/t
   agree at a step's end; Lightning's handler broadcasts inside the signal handler and can
   deadlock (#20806, #20825). tests/test_reliability.py.
 - `_LoggerConnector.metrics`, `_batches_that_stepped`, `_FitLoop.on_advance_end`
-  (`callbacks/continue_metrics.py`): Lightning logs an epoch's train row after the epoch's
+  (`callbacks/resume.py`): Lightning logs an epoch's train row after the epoch's
   checkpoints; the row is written first, so a kill between the two loses nothing.
 """
 

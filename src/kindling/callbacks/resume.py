@@ -1,5 +1,6 @@
-"""What a resumed run needs beyond weights and loop state: the random number generators, and the
-training loader where the checkpoint left it."""
+"""What makes a checkpoint self-contained and a run resumed from it exact, beyond the weights and
+loop state Lightning saves: the run's config and provenance, the random number generators, the
+training loader's position, and the rows of the run's metrics the checkpoint covers."""
 
 import random
 from typing import Any
@@ -8,6 +9,7 @@ import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 
 
@@ -36,16 +38,23 @@ def set_rng_states(states: dict[str, Any]) -> None:
 
 
 class ResumeExactly(Callback):
-    """A run resumed from a checkpoint, mid-epoch too, goes on as if it had never stopped.
+    """A checkpoint that rebuilds its model alone, and a run resumed from it, mid-epoch too, that
+    goes on as if it had never stopped.
 
-    Adds the generators (dropout masks) to each checkpoint, and gives the training loader the
-    checkpoint's state at the start of training: Lightning gives it only to a loader made after
-    the checkpoint is loaded, and kindling's schedulers make it before (internals.py). The
-    generators get their state last, so nothing before the first step draws from them. A
-    DataLoader with another number of workers (torchdata refuses its state) gets its sampler's.
+    - Each checkpoint holds `config` and `provenance` (`kindling.run.provenance`; kindling.train
+      sets both) as plain containers, which `weights_only` loads, and the generators' states.
+    - The training loader gets the checkpoint's state at the start of training: Lightning gives
+      it only to a loader made after the checkpoint is loaded, and kindling's schedulers make it
+      before (internals.py). A DataLoader with another number of workers (torchdata refuses its
+      state) gets its sampler's. The generators get theirs last, before the first step.
+    - Resuming a fit (`ckpt_path=` or SLURM's requeue) tells each logger that keeps a record
+      (`continue_after`: `ResumableCSVLogger`) where the checkpoint was saved; before each
+      checkpoint the logger puts the rows it covers on disk, the epoch's train row too, which
+      Lightning logs only after the checkpoint (internals.py).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, config: dict | None = None, provenance: dict | None = None) -> None:
+        self.config, self.provenance = config, provenance
         self._rng: dict[str, Any] | None = None
         self._loader_states: list[dict[str, Any]] = []
 
@@ -55,10 +64,26 @@ class ResumeExactly(Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._rng = state_dict.get("rng")
 
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: Any, checkpoint: dict) -> None:
+        for key in ("config", "provenance"):
+            if getattr(self, key) is not None:
+                checkpoint[key] = getattr(self, key)
+        loggers = [lg for lg in trainer.loggers if hasattr(lg, "save_before_checkpoint")]
+        if loggers:
+            from kindling.internals import epoch_end_row  # a private part of Lightning
+
+            to_come = epoch_end_row(trainer)  # on every rank: its values may be reduced
+            for logger in loggers:
+                logger.save_before_checkpoint(to_come)
+
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: Any, checkpoint: dict) -> None:
         # Taken out, so Lightning never gives a loader a state it cannot take.
         fit_loop = checkpoint.get("loops", {}).get("fit_loop", {})
         self._loader_states = fit_loop.get("state_dict", {}).pop("combined_loader", [])
+        if trainer.state.fn == TrainerFn.FITTING:  # not a test of the best checkpoint
+            for logger in trainer.loggers:
+                if hasattr(logger, "continue_after"):
+                    logger.continue_after(checkpoint["epoch"], checkpoint["global_step"])
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._loader_states:

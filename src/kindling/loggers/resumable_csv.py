@@ -22,7 +22,7 @@ Row = tuple[dict[str, Any], int]  # a row Lightning is still to log, and its ste
 class ResumableCSVLogger(CSVLogger):
     """`metrics.csv` holds every epoch of a run once, however often it was resumed or killed.
 
-    Training resumed from a checkpoint (`ContinueLoggedMetrics` calls `continue_after`) keeps the
+    Training resumed from a checkpoint (`ResumeExactly` calls `continue_after`) keeps the
     rows the checkpoint covers, drops those logged after it (the resumed run logs them again),
     and appends; a new run replaces the file, as Lightning's does. Every row a checkpoint covers
     is on disk before the checkpoint (`save_before_checkpoint`), and the file is only appended
