@@ -24,8 +24,8 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zer
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from kindling.callbacks.config_in_checkpoint import ConfigInCheckpoint
 from kindling.callbacks.interrupt import CheckpointOnInterrupt
+from kindling.callbacks.resume import ResumeExactly
 from kindling.checkpoints import is_url
 from kindling.config import checks, resolvers  # noqa: F401 - importing registers the resolvers
 from kindling.config.config_tree import print_config_tree
@@ -186,7 +186,7 @@ def build_trainer(
     loggers = instantiate_group(cfg.get("logger"), "logger")
     callbacks = [*instantiate_group(cfg.get("callbacks"), "callbacks"), *extra_callbacks]
     for callback in callbacks:
-        if isinstance(callback, ConfigInCheckpoint):  # the run's record: no YAML value holds it
+        if isinstance(callback, ResumeExactly):  # the run's record: no YAML value holds it
             callback.config = OmegaConf.to_container(cfg, resolve=True)
             callback.provenance = run_provenance
     # Last: it holds back a SIGTERM that arrived during any other callback's validation hooks.
