@@ -1,24 +1,8 @@
-"""The private parts of Lightning kindling relies on, for correctness no public API gives.
-
-Each is checked when the feature that needs it runs: a release that changed it stops that
-feature in one line naming the versions kindling was tested with. Tests: tests/test_hardening.py.
-
-- `_hydra_subprocess_cmd` of both launchers (`run/hydra_ddp.py`): Lightning starts every DDP rank
-  as a run of its own folder, or the whole sweep again (Lightning-AI/pytorch-lightning#11300,
-  #15689, fix #18175; facebookresearch/hydra#2070). tests/test_distributed.py.
-- `_FitLoop._combined_loader`/`_data_fetcher`, `CombinedLoader._load_state_dicts`
-  (`callbacks/resume.py`): the loader's state is dropped when the loader was made before the
-  loops were restored (#20550, fixes #21765, #21770). tests/test_midepoch_resume.py.
-- `_set_sampler_epoch` (`data/device_loader.py`): only DataLoaders get their epoch publicly.
-- `ThroughputMonitor._throughputs` (`callbacks/throughput.py`): the meters take no peak from the
-  caller; Lightning's table misreads some cards (#20660, #21677).
-- `_SignalConnector.received_sigterm` (`callbacks/interrupt.py`): set on every rank once they
-  agree at a step's end; Lightning's handler broadcasts inside the signal handler and can
-  deadlock (#20806, #20825). tests/test_reliability.py.
-- `_LoggerConnector.metrics`, `_batches_that_stepped`, `_FitLoop.on_advance_end`
-  (`callbacks/resume.py`): Lightning logs an epoch's train row after the epoch's
-  checkpoints; the row is written first, so a kill between the two loses nothing.
-"""
+"""The private parts of Lightning kindling relies on, for correctness no public API gives; each
+is checked when its feature runs, and a changed one stops that feature in one line naming the
+versions kindling was tested with (tests/test_hardening.py). Upstream issues of Lightning-AI/
+pytorch-lightning: DDP under Hydra #11300, #15689 (hydra#2070); loader state dropped #20550;
+peak FLOPs misread #20660, #21677; SIGTERM broadcast inside the handler deadlocks #20806."""
 
 import inspect
 from collections.abc import Callable, Sequence

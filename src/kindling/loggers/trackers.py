@@ -20,14 +20,7 @@ from kindling.config.errors import UserError
 log = logging.getLogger(__name__)
 
 # The Logger methods through which Lightning and kindling write to a tracker.
-WRITES = [
-    "log_hyperparams",
-    "log_metrics",
-    "log_graph",
-    "save",
-    "finalize",
-    "after_save_checkpoint",
-]
+WRITES = "log_hyperparams", "log_metrics", "log_graph", "save", "finalize", "after_save_checkpoint"
 
 
 def check_tracking_uri(loggers: DictConfig | None) -> None:
