@@ -128,7 +128,10 @@ def test_srun_tasks_name_one_folder_and_a_requeued_job_takes_it_back(
         step = {"SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "2", "SLURM_PROCID": str(rank)}
         slurm_task(monkeypatch, ["trainer.devices=2"], restart=restart, **step)
         log_dir = str(tmp_path)
-        return run_folder.run_folder(log_dir, "train"), run_folder.sweep_folder(log_dir, "train")
+        named = run_folder.run_folder(log_dir, "train"), run_folder.sweep_folder(log_dir, "train")
+        for folder in named:
+            run_folder.claim(folder)  # as the run, and the multirun, do when they start
+        return named
 
     first = folders(1)  # task 1 may start first: it waits for no other task
     assert first == (tmp_path / "train" / "runs" / "slurm-4242.0",
@@ -147,7 +150,9 @@ def test_runs_in_one_slurm_job_step_get_a_folder_each_and_take_them_back_when_re
 
     def folder(argv: list[str], **env) -> str:
         slurm_task(monkeypatch, argv, **env)
-        return run_folder.run_folder(str(tmp_path), "train").name
+        named = run_folder.run_folder(str(tmp_path), "train")
+        run_folder.claim(named)  # as the run does when it starts
+        return named.name
 
     def torchrun(argv: list[str], rank: int, **env) -> str:  # torchrun in the batch script
         launch = {"TORCHELASTIC_RUN_ID": "none", "RANK": str(rank), "WORLD_SIZE": "2"}

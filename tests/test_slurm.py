@@ -67,8 +67,8 @@ def test_the_cluster_starts_two_tasks_of_one_step(slurm_cluster: Cluster) -> Non
 
 
 NAME_THE_RUN_FOLDER = (
-    "import sys; from kindling.run.run_folder import run_folder; "
-    "print(run_folder(sys.argv[1], 'train').name)"
+    "import sys; from kindling.run.run_folder import claim, run_folder; "
+    "folder = run_folder(sys.argv[1], 'train'); claim(folder); print(folder.name)"
 )
 
 

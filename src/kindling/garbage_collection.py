@@ -1,14 +1,9 @@
-"""Less time in Python's cyclic garbage collector for the processes that kindling starts.
+"""Less time in Python's cyclic garbage collector for the processes kindling's entrypoints start.
 
-Importing torch, Lightning, torchmetrics and Hydra creates about half a million objects that
-live as long as the process, and nearly none of them is garbage. Python's collector still
-traverses all of them in every full collection, during the imports, during the run and at
-interpreter shutdown: seconds of a short run (`benchmarks/collector.py`, BENCHMARKS.md).
-Exempting these objects from collection (`gc.freeze`) costs nothing else: they are still freed
-when nothing refers to them.
-
-Only entrypoints (`train.py`, `python -m kindling.predict`, ...) use this; a process that runs
-kindling in-process (a notebook, pytest) keeps Python's defaults.
+Importing torch, Lightning and Hydra creates about half a million objects that live as long as
+the process, which every full collection traverses again: seconds of a short run
+(`benchmarks/collector.py`). `gc.freeze` exempts them and costs nothing else (they are still
+freed by reference counts). A process that runs kindling in-process (pytest) keeps the defaults.
 """
 
 import atexit
@@ -31,11 +26,6 @@ def long_lived_imports() -> Iterator[None]:
 
 
 def skip_collections_at_exit() -> None:
-    """Let the interpreter exit without traversing every object of the process again.
-
-    Shutdown still runs every atexit handler, flushes and closes what is open, and frees what is
-    freed by reference counts; only the cyclic collector's passes over live objects are skipped
-    (Python never promised `__del__` of objects alive at exit to run). Registered first, the
-    freeze runs after every other atexit handler.
-    """
+    """Exit without the collector's passes over every live object; atexit handlers, flushing
+    and reference counting still run. Registered first, the freeze runs after the others."""
     atexit.register(gc.freeze)

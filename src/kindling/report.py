@@ -5,7 +5,7 @@ overrides, status, the optimized metric, the test metrics, run time, run folder)
 `configurations.csv` (one row per configuration, its seeds and folds aggregated: mean, standard
 deviation and count, best first), `report.md` (both tables, also printed) and `report.png` (each
 job a point, per configuration). Hydra runs it at the end of every multirun
-(kindling.run.multirun_report); everything is read from the job folders, so the report of an
+(kindling.multirun_report); everything is read from the job folders, so the report of an
 interrupted multirun is rebuilt the same way. `python -m kindling.report <sweep> <later sweep>
 ...` reports a multirun together with those that extended it (more seeds, folds or trials).
 """

@@ -25,8 +25,8 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from kindling import train_checks as checks
-from kindling.callbacks.config_in_checkpoint import ConfigInCheckpoint
 from kindling.callbacks.interrupt import CheckpointOnInterrupt
+from kindling.callbacks.resume import ResumeExactly
 from kindling.checkpoints import is_url
 from kindling.config import resolvers  # noqa: F401 - importing registers the resolvers
 from kindling.config.checks import check_model_fits_data
@@ -204,7 +204,7 @@ def build_trainer(
     loggers = instantiate_group(cfg.get("logger"), "logger")
     callbacks = [*instantiate_group(cfg.get("callbacks"), "callbacks"), *extra_callbacks]
     for callback in callbacks:
-        if isinstance(callback, ConfigInCheckpoint):  # the run's record: no YAML value holds it
+        if isinstance(callback, ResumeExactly):  # the run's record: no YAML value holds it
             callback.config = OmegaConf.to_container(cfg, resolve=True)
             callback.provenance = run_provenance
     # `trainer.enable_progress_bar=false` (and the like) turns off what these callbacks do:

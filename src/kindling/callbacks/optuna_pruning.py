@@ -1,8 +1,7 @@
 """Report a trial's metric to Optuna after every validation; stop the run when the pruner says so.
 
-Works wherever Hydra runs the trial (in the sweeping process or a launcher's worker), because
-the trial is opened again from the study's storage by its number. Under DDP, rank 0 alone talks
-to Optuna and broadcasts the decision, so every rank stops after the same validation.
+The trial is opened again from the study's storage by its number, so this works wherever Hydra
+runs it. Under DDP rank 0 alone talks to Optuna and broadcasts the decision.
 """
 
 from typing import TYPE_CHECKING, Any
@@ -16,16 +15,10 @@ if TYPE_CHECKING:  # Optuna loads only when a trial is opened
 
 
 class OptunaPruning(Callback):
-    """Prune an Optuna trial by `monitor`, checked after each validation.
-
-    Args:
-        monitor: the logged metric to report (the sweep's `optimized_metric`).
-        pruner: an `optuna.pruners` object; it compares this trial's reports with those of the
-            other trials at the same step (the n-th validation of each run).
-        storage, study_name, trial_number: where the trial is. With any of them None (a run
-            outside a sweep), nothing is reported or pruned.
-
-    A pruned run stops training and skips its test; the sweeper records the trial as PRUNED.
+    """Prune an Optuna trial by `monitor` (the sweep's `optimized_metric`), reported after each
+    validation (its step: the n-th validation) to `pruner`. Without `storage`, `study_name` and
+    `trial_number` (a run outside a sweep), nothing is reported. A pruned run stops training
+    and skips its test; the sweeper records the trial as PRUNED.
     """
 
     def __init__(
@@ -36,11 +29,8 @@ class OptunaPruning(Callback):
         study_name: str | None = None,
         trial_number: int | None = None,
     ) -> None:
-        self.monitor = monitor
-        self.pruner = pruner
-        self.storage = storage
-        self.study_name = study_name
-        self.trial_number = trial_number
+        self.monitor, self.pruner = monitor, pruner
+        self.storage, self.study_name, self.trial_number = storage, study_name, trial_number
         self.trial: optuna.Trial | None = None
         self.validations = 0
         self.pruned = False

@@ -17,19 +17,33 @@ def batch_length(batch: Any) -> int:
     return len(batch[0] if isinstance(batch, list | tuple) else batch)
 
 
+def tensor_peaks(half: float, tf32: float, fp32: float) -> dict[torch.dtype | str, float]:
+    """Peaks by dtype as Lightning keys them: bf16 and fp16 (equal), TF32 matmuls, plain fp32."""
+    return {torch.bfloat16: half, torch.float16: half, "tfloat32": tf32, torch.float32: fp32}
+
+
+# Dense peaks (FLOP/s) of cards Lightning 2.6's table does not name, or misreads: an L40S or L40
+# taken for an L4, an H100 NVL given an NVL pair's sparse figure (Lightning-AI/pytorch-lightning
+# #20660, #21677). NVIDIA's datasheets print tensor-core figures with 2:4 sparsity: halved here.
+PEAK_FLOPS: dict[str, dict[torch.dtype | str, float]] = {
+    # https://nvdam.widen.net/s/nb5zzzsjdf/hpc-datasheet-sc23-h200-datasheet-3002446 (SXM, NVL)
+    "NVIDIA H200": tensor_peaks(989.5e12, 494.5e12, 67e12),
+    "NVIDIA H200 NVL": tensor_peaks(835.5e12, 417.5e12, 60e12),
+    # https://resources.nvidia.com/en-us-gpu-resources/h100-datasheet-24306 (NVL, one GPU)
+    "NVIDIA H100 NVL": tensor_peaks(835.5e12, 417.5e12, 60e12),
+    # https://www.nvidia.com/en-us/data-center/l40s/ and .../l40/
+    "NVIDIA L40S": tensor_peaks(362.05e12, 183e12, 91.6e12),
+    "NVIDIA L40": tensor_peaks(181.05e12, 90.5e12, 90.5e12),
+    # https://www.nvidia.com/en-us/data-center/hgx/ (HGX B200, eight GPUs, over 8)
+    "NVIDIA B200": tensor_peaks(2.25e15, 1.125e15, 75e12),
+}
+
+
 class ThroughputWithMFU(ThroughputMonitor):
-    """Logs `train|validate/samples_per_sec`, `.../batches_per_sec` and, when the GPU's peak is
-    known, `.../mfu` (model FLOPs per second over the peak).
-
-    FLOPs per batch (forward + backward) are counted once on the meta device with
-    `measure_flops`, from the shape of the first training batch, unless the LightningModule
-    already has a `flops_per_batch`. The peak at the Trainer's precision comes from kindling's
-    table (`PEAK_FLOPS`), else Lightning's; on a device neither lists, samples/s are logged and
-    MFU is not.
-
-    The monitor synchronises the GPU every step to read its clock: turn it on to measure, not
-    for every run.
-    """
+    """Logs `train|validate/samples_per_sec`, `.../batches_per_sec` and, when the device's peak
+    is known (`PEAK_FLOPS`, else Lightning's table), `.../mfu`. FLOPs per batch (forward +
+    backward) are counted once on the meta device from the first batch's shape, unless the
+    module has a `flops_per_batch`. It syncs the GPU every step: for measuring, not every run."""
 
     def __init__(self, window_size: int = 50, **kwargs: Any):
         super().__init__(batch_size_fn=batch_length, window_size=window_size, **kwargs)
@@ -43,84 +57,42 @@ class ThroughputWithMFU(ThroughputMonitor):
 
             set_available_flops(self, peak)
             name = torch.cuda.get_device_name(device)
-            rank_zero_info(
-                f"Peak of {name} at {dtype}: {peak / 1e12:.1f} TFLOP/s (kindling's table)"
-            )
+            tflops = f"{peak / 1e12:.1f} TFLOP/s"
+            rank_zero_info(f"Peak of {name} at {dtype}: {tflops} (kindling's table)")
         if self.available_flops is None:
             rank_zero_info("Peak FLOPs of this device unknown: MFU is not logged.")
 
-    def on_train_batch_start(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
-    ) -> None:
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: Any, batch: Any, *_: Any) -> None:
         if not hasattr(pl_module, "flops_per_batch"):
             pl_module.flops_per_batch = count_flops(pl_module, batch)
             rank_zero_info(f"FLOPs per batch (forward + backward): {pl_module.flops_per_batch:.3e}")
 
 
-def tensor_peaks(half: float, tf32: float, fp32: float) -> dict[torch.dtype | str, float]:
-    """Peaks by dtype as Lightning keys them: bf16 and fp16 (equal), TF32 matmuls, plain fp32."""
-    return {torch.bfloat16: half, torch.float16: half, "tfloat32": tf32, torch.float32: fp32}
-
-
-# Dense peaks (FLOP/s) of the cards Lightning 2.6's table does not name ("NVIDIA H200",
-# "NVIDIA B200") or misreads: it takes an L40S or L40 for an L4, and gives the H100 NVL the sparse
-# figure of an NVL pair (Lightning-AI/pytorch-lightning#20660, #21677). NVIDIA's datasheets print
-# tensor-core figures with 2:4 sparsity: they are halved here.
-PEAK_FLOPS: dict[str, dict[torch.dtype | str, float]] = {
-    # H200 datasheet, SXM and NVL columns:
-    # https://nvdam.widen.net/s/nb5zzzsjdf/hpc-datasheet-sc23-h200-datasheet-3002446
-    "NVIDIA H200": tensor_peaks(989.5e12, 494.5e12, 67e12),
-    "NVIDIA H200 NVL": tensor_peaks(835.5e12, 417.5e12, 60e12),
-    # H100 datasheet, H100 NVL column (one GPU):
-    # https://resources.nvidia.com/en-us-gpu-resources/h100-datasheet-24306
-    "NVIDIA H100 NVL": tensor_peaks(835.5e12, 417.5e12, 60e12),
-    # L40S and L40 datasheets: https://www.nvidia.com/en-us/data-center/l40s/ and .../l40/
-    "NVIDIA L40S": tensor_peaks(362.05e12, 183e12, 91.6e12),
-    "NVIDIA L40": tensor_peaks(181.05e12, 90.5e12, 90.5e12),
-    # HGX B200 datasheet, eight GPUs (36 PF BF16, 18 PF TF32 with sparsity; 600 TF FP32) over 8:
-    # https://www.nvidia.com/en-us/data-center/hgx/
-    "NVIDIA B200": tensor_peaks(2.25e15, 1.125e15, 75e12),
-}
-
-
 def compute_dtype(precision: str) -> torch.dtype:
     """The dtype matmuls run in under a Trainer's `precision` ("bf16-mixed", "32-true", ...)."""
-    if precision.startswith("bf16"):
-        return torch.bfloat16
-    if precision.startswith("16"):
-        return torch.float16
-    return torch.float64 if precision.startswith("64") else torch.float32
+    kinds = {"bf16": torch.bfloat16, "16": torch.float16, "64": torch.float64}
+    return next((dtype for p, dtype in kinds.items() if precision.startswith(p)), torch.float32)
 
 
 def peak_flops(device: torch.device, dtype: torch.dtype) -> float | None:
-    """The peak of `device` at `dtype` from kindling's table, or None for a card it does not
-    list (Lightning's table answers for those)."""
+    """The peak of `device` at `dtype` from `PEAK_FLOPS`; None for a card it does not list."""
     if device.type != "cuda":
         return None
-    peaks = PEAK_FLOPS.get(torch.cuda.get_device_name(device), {})
     if dtype is torch.float32 and torch.get_float32_matmul_precision() != "highest":
         dtype = "tfloat32"  # as Lightning reads it
-    return peaks.get(dtype)
+    return PEAK_FLOPS.get(torch.cuda.get_device_name(device), {}).get(dtype)
 
 
 def count_flops(pl_module: L.LightningModule, batch: Any) -> int:
-    """Forward + backward FLOPs of `pl_module` on a batch shaped like `batch` (meta tensors)."""
+    """Forward + backward FLOPs of `pl_module` on a batch shaped like `batch`, on a copy whose
+    weights are meta tensors from the start: no weight is copied on its device."""
     inputs = batch[0] if isinstance(batch, list | tuple) else batch
-    model = meta_copy(pl_module)  # shapes only: no memory, no compute
-    meta_inputs = torch.empty(inputs.shape, dtype=inputs.dtype, device="meta")
-    return measure_flops(model, lambda: model(meta_inputs), loss_fn=torch.Tensor.sum)
-
-
-def meta_copy(module: nn.Module) -> nn.Module:
-    """A copy of `module` whose parameters and buffers are on the meta device.
-
-    The copy is made with meta tensors standing in for the weights from the start, so no
-    weight is ever copied on the module's own device (a GPU may have no room for a second copy).
-    """
     memo: dict[int, Any] = {}
-    for tensor in itertools.chain(module.parameters(), module.buffers()):
+    for tensor in itertools.chain(pl_module.parameters(), pl_module.buffers()):
         meta = torch.empty_like(tensor.detach(), device="meta")
         if isinstance(tensor, nn.Parameter):
             meta = nn.Parameter(meta, requires_grad=tensor.requires_grad)
         memo[id(tensor)] = meta
-    return copy.deepcopy(module, memo)
+    model = copy.deepcopy(pl_module, memo)
+    meta_inputs = torch.empty(inputs.shape, dtype=inputs.dtype, device="meta")
+    return measure_flops(model, lambda: model(meta_inputs), loss_fn=torch.Tensor.sum)

@@ -6,7 +6,7 @@ import io
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from lightning.fabric.loggers.logger import rank_zero_experiment
 from lightning.pytorch.core.saving import save_hparams_to_yaml
@@ -16,26 +16,17 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from kindling.files import write_atomically
 
-# A row Lightning is still to log, and its step.
-Row = tuple[dict[str, Any], int]
+Row = tuple[dict[str, Any], int]  # a row Lightning is still to log, and its step
 
 
 class ResumableCSVLogger(CSVLogger):
-    """`metrics.csv` holds every epoch of a run, however often it was resumed or killed.
+    """`metrics.csv` holds every epoch of a run once, however often it was resumed or killed.
 
-    Lightning's CSVLogger deletes the metrics.csv it finds. This one keeps its rows when training
-    resumes from a checkpoint (Lightning calls `ContinueLoggedMetrics`, which
-    calls `continue_after`): the rows the checkpoint covers stay, the rows logged after it was saved
-    (an epoch that a killed run did not finish) go, since the resumed run logs that epoch again,
-    and the resumed run's rows follow. So no epoch is missing and none appears twice. A new run in
-    a folder with a metrics.csv (no checkpoint) replaces it, as Lightning's does.
-
-    Every row a checkpoint covers is on disk before the checkpoint is (`save_before_checkpoint`),
-    and the file is only ever appended to or replaced whole, so a kill at any moment leaves a
-    history that a run resumed from the newest checkpoint completes.
-
-    `hparams.yaml` of the first run is kept; each resumed run's is `hparams_resumed_<n>.yaml`.
-    Arguments are Lightning's CSVLogger's.
+    Training resumed from a checkpoint (`ResumeExactly` calls `continue_after`) keeps the
+    rows the checkpoint covers, drops those logged after it (the resumed run logs them again),
+    and appends; a new run replaces the file, as Lightning's does. Every row a checkpoint covers
+    is on disk before the checkpoint (`save_before_checkpoint`), and the file is only appended
+    to or replaced whole. A resumed run's hparams go to `hparams_resumed_<n>.yaml`.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -52,25 +43,25 @@ class ResumableCSVLogger(CSVLogger):
 
     @rank_zero_only
     def continue_after(self, epoch: int, step: int) -> None:
-        """Keep the rows of epochs up to `epoch` logged at steps up to `step`; append after them."""
         self.experiment.keep_rows_until(epoch, step)
 
     @rank_zero_only
     def save_before_checkpoint(self, to_come: Row | None) -> None:
-        """Put on disk, synced, every row logged so far and `to_come`: the row that Lightning
-        logs only after the checkpoint being saved (an epoch's train values). When Lightning
-        logs it, it is not written again."""
+        """Sync to disk every row logged so far and `to_come`, which Lightning logs only after
+        the checkpoint (an epoch's train values; not written twice)."""
         if to_come is not None and to_come != self._written_ahead:
             self.log_metrics(*to_come)
             self._written_ahead = to_come
         self.save()
-        self.experiment.sync()
+        path = self.experiment.metrics_file_path
+        if os.path.isfile(path):
+            with open(path, "rb+") as file:
+                os.fsync(file.fileno())
 
     @rank_zero_only
     def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
         ahead, self._written_ahead = self._written_ahead, None
-        if ahead is not None and step == ahead[1]:
-            # What the checkpoint's save wrote already; anything a later hook added is new.
+        if ahead is not None and step == ahead[1]:  # what the checkpoint's save wrote already
             metrics = {k: v for k, v in metrics.items() if k == "epoch" or ahead[0].get(k) != v}
             if metrics.keys() <= {"epoch"}:
                 return
@@ -78,15 +69,15 @@ class ResumableCSVLogger(CSVLogger):
 
 
 class ContinuingWriter(ExperimentWriter):
-    """Lightning's writer of metrics.csv and hparams.yaml, keeping what a resumed run continues;
-    a rewrite of metrics.csv (a resumed run's, or a new column's) replaces the file whole."""
+    """Lightning's writer, keeping what a resumed run continues; a rewrite of metrics.csv (a
+    resumed run's, or a new column's) replaces the file whole."""
 
     def __init__(self, log_dir: str) -> None:
         super().__init__(log_dir)
         self.hparams_file = Path(log_dir) / self.NAME_HPARAMS_FILE
-        for n in range(1, 10_000):
-            if not self.hparams_file.exists():
-                break
+        n = 0
+        while self.hparams_file.exists():
+            n += 1
             self.hparams_file = Path(log_dir) / f"hparams_resumed_{n}.yaml"
         self._continuing = False
         self._first_save = True
@@ -99,38 +90,31 @@ class ContinuingWriter(ExperimentWriter):
         save_hparams_to_yaml(self.hparams_file, self.hparams)
 
     def keep_rows_until(self, epoch: int, step: int) -> None:
-        """Drop the rows logged after the checkpoint at (`epoch`, `step`); keep the header."""
+        """Drop the rows logged after the checkpoint at (`epoch`, `step`)."""
         self._continuing = True
-        if not os.path.isfile(self.metrics_file_path):
-            return
-        keys, rows = self._read()
-        self._replace(keys, [row for row in rows if _logged_until(row, epoch, step)])
-        self.metrics_keys = sorted(set(self.metrics_keys) | set(keys))
+        if os.path.isfile(self.metrics_file_path):
+            keys, rows = self._read()
+            self._replace(keys, [row for row in rows if _logged_until(row, epoch, step)])
+            self.metrics_keys = sorted(set(self.metrics_keys) | set(keys))
 
     def save(self) -> None:
         """Append the rows logged since the last save; with a new column, replace the file."""
         if not self.metrics:
             return
-        if self._first_save:
-            self._first_save = False
-            if not self._continuing and os.path.isfile(self.metrics_file_path):
-                os.remove(self.metrics_file_path)  # a new run: its own rows only
+        exists = os.path.isfile(self.metrics_file_path)
+        if self._first_save and exists and not self._continuing:
+            os.remove(self.metrics_file_path)  # a new run: its own rows only
+            exists = False
+        self._first_save = False
         keys = sorted(set(self.metrics_keys).union(*self.metrics))
-        if not os.path.isfile(self.metrics_file_path):
+        if not exists:
             self._replace(keys, self.metrics)
-        elif keys != self.metrics_keys:
-            # Lightning's writer rewrites the file in place here: a kill would cut it short.
+        elif keys != self.metrics_keys:  # Lightning rewrites in place: a kill would cut it short
             self._replace(keys, [*self._read()[1], *self.metrics])
         else:
             with open(self.metrics_file_path, "a", newline="") as file:
                 csv.DictWriter(file, fieldnames=keys).writerows(self.metrics)
         self.metrics_keys, self.metrics = keys, []
-
-    def sync(self) -> None:
-        """Flush metrics.csv to the disk, so that even a power cut keeps what it holds now."""
-        if os.path.isfile(self.metrics_file_path):
-            with open(self.metrics_file_path, "rb+") as file:
-                os.fsync(file.fileno())
 
     def _read(self) -> tuple[list[str], list[dict[str, str]]]:
         with open(self.metrics_file_path, newline="") as file:
@@ -138,10 +122,8 @@ class ContinuingWriter(ExperimentWriter):
             return list(reader.fieldnames or []), list(reader)
 
     def _replace(self, keys: list[str], rows: list[dict[str, Any]]) -> None:
-        """metrics.csv with `keys` as its header and `rows`, in one rename."""
-
-        def write(file: BinaryIO) -> None:
-            text = io.TextIOWrapper(file, newline="")  # the encoding open() gives
+        def write(file: Any) -> None:
+            text = io.TextIOWrapper(file, newline="")
             writer = csv.DictWriter(text, fieldnames=keys)
             writer.writeheader()
             writer.writerows(rows)
@@ -151,15 +133,14 @@ class ContinuingWriter(ExperimentWriter):
 
 
 def _logged_until(row: dict[str, str], epoch: int, step: int) -> bool:
-    """Whether a row was logged before a checkpoint saved in `epoch` at global step `step`, or
-    is a test result (kept: the record of the model tested then).
+    """Whether a row was logged before a checkpoint saved in `epoch` at global step `step`.
 
-    A row with an epoch (what the Trainer logs) is covered when its epoch came before, or it is
-    the same epoch at a step not after. A row without one (LearningRateMonitor's) was logged
-    before the step it names, so only rows before the checkpoint's step are covered.
+    Test rows stay (training never logs them again). A row with an epoch is covered up to the
+    checkpoint's step in its epoch; one without (LearningRateMonitor's) names the step it
+    precedes, so only rows before the checkpoint's step are.
     """
     if any(value and name.startswith("test/") for name, value in row.items()):
-        return True  # a test of an earlier part of the run: training never logs it again
+        return True
     row_step = int(float(row["step"])) if row.get("step") else 0
     if row.get("epoch"):
         row_epoch = int(float(row["epoch"]))

@@ -1,9 +1,8 @@
 """Trackers (MLflow, W&B, TensorBoard, any Lightning Logger) record a run; they do not carry it.
 
-A tracker that fails before training is misconfigured: the run stops in one line naming it,
-before any work. One that fails during the run (its store removed, its server unreachable) is
-warned about in one line and left out from then on, while training, the checkpoints and the CSV
-history go on. The CSV logger is the run's own history, not a tracker: its failure stops the run.
+One that fails before training stops the run in one line naming it; one that fails during the
+run is warned about in one line and left out, while training, checkpoints and the CSV history
+(the run's own record, never left out) go on.
 """
 
 import functools
@@ -21,14 +20,7 @@ from kindling.config.errors import UserError
 log = logging.getLogger(__name__)
 
 # The Logger methods through which Lightning and kindling write to a tracker.
-WRITES = (
-    "log_hyperparams",
-    "log_metrics",
-    "log_graph",
-    "save",
-    "finalize",
-    "after_save_checkpoint",
-)
+WRITES = "log_hyperparams", "log_metrics", "log_graph", "save", "finalize", "after_save_checkpoint"
 
 
 def check_tracking_uri(loggers: DictConfig | None) -> None:
@@ -37,8 +29,7 @@ def check_tracking_uri(loggers: DictConfig | None) -> None:
         if (
             entry is not None
             and str(entry.get("_target_", "")).endswith("MLFlowLogger")
-            and entry.get("tracking_uri") is None
-            and entry.get("save_dir") is None
+            and entry.get("tracking_uri") is entry.get("save_dir") is None
             and not os.environ.get("MLFLOW_TRACKING_URI")
         ):
             raise UserError(
@@ -64,16 +55,15 @@ def starting(key: str) -> Iterator[None]:
     except UserError:
         raise
     except Exception as error:
-        cause = first_line(error).rstrip(".")
         raise UserError(
-            f"{key} failed before training: {cause}. Fix its settings under {key}, or train "
-            f"without it: {key}=null."
+            f"{key} failed before training: {first_line(error).rstrip('.')}. Fix its settings "
+            f"under {key}, or train without it: {key}=null."
         ) from error
 
 
 def tolerate_failures(logger: Logger) -> None:
-    """From now on, the first failure of any of `logger`'s writes is warned about in one line and
-    the logger does nothing more; the CSV logger is left as it is."""
+    """From now on, the first failure of one of `logger`'s writes is warned about in one line
+    (the tracker's own lines about it held back) and the logger does nothing more."""
     if isinstance(logger, CSVLogger):
         return
     failed: list[Exception] = []
@@ -87,7 +77,7 @@ def tolerate_failures(logger: Logger) -> None:
                 with held_back_logs() as held:
                     result = write(*args, **kwargs)
             except Exception as error:
-                failed.append(error)  # its own log lines about the failure are dropped
+                failed.append(error)
                 log.warning(
                     "%s failed and is left out for the rest of the run (training, checkpoints "
                     "and metrics.csv go on): %s", type(logger).__name__, first_line(error),
@@ -99,40 +89,34 @@ def tolerate_failures(logger: Logger) -> None:
 
         return write_unless_failed
 
-    # On the instance: the logger keeps its class, which Lightning and kindling look for.
-    for name in WRITES:
+    for name in WRITES:  # on the instance: the logger keeps its class, which Lightning looks for
         setattr(logger, name, guarded(getattr(logger, name)))
-
-
-class _Hold(logging.Filter):
-    def __init__(self) -> None:
-        super().__init__()
-        self.records: list[logging.LogRecord] = []
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        self.records.append(record)
-        return False
 
 
 @contextmanager
 def held_back_logs() -> Iterator[list[logging.LogRecord]]:
-    """Hold back what any library logs inside the block (a tracker's own error lines, tracebacks
-    included, before it raises): the caller re-emits the records if the block succeeds."""
+    """What any library logs inside the block, held back from every handler, for the caller to
+    re-emit if the block succeeds."""
     loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
     handlers = {h for lg in loggers if isinstance(lg, logging.Logger) for h in lg.handlers}
-    hold = _Hold()
+    held: list[logging.LogRecord] = []
+
+    def hold(record: logging.LogRecord) -> bool:
+        held.append(record)
+        return False
+
     for handler in handlers:
         handler.addFilter(hold)
     try:
-        yield hold.records
+        yield held
     finally:
         for handler in handlers:
             handler.removeFilter(hold)
 
 
 def first_line(error: BaseException) -> str:
-    """The first line of the error at the root of `error`: a library's wrapper (MLflow's around
-    SQLAlchemy's around sqlite3's) often begins with its own words, not the cause."""
+    """The first line of the root error: a wrapper (MLflow's around SQLAlchemy's around
+    sqlite3's) often begins with its own words, not the cause."""
     while error.__cause__ or error.__context__:
         error = error.__cause__ or error.__context__
     lines = str(error).strip().splitlines()

@@ -1,12 +1,10 @@
 """One run folder, one writer: a run holds a lock on its folder while it runs.
 
-Two processes writing one folder (two resumes of the same run started together, or a run
-trained into the folder of a live one) would interleave their epochs in metrics.csv and version
-each other's checkpoints. The lock is `flock` on `<run folder>/.lock`, which the operating system
-releases when the process ends, however it ends: a killed run never leaves a stale lock. The file
-names its holder (process id, host, command), for the refusal to name. Only the launching
-process (global rank 0) takes it: the other ranks of its job share the folder. Where the file
-system has no locks, and on Windows, runs go unlocked.
+Two processes writing one folder (two resumes of one run, a run in a live one's folder) would
+interleave their epochs in metrics.csv. The lock is `flock` on `<run folder>/.lock`, which the
+system releases however the process ends: a killed run leaves no stale lock. The file names its
+holder for the refusal. Only global rank 0 locks (its other ranks share the folder); where the
+file system has no locks, and on Windows, runs go unlocked.
 """
 
 import errno
@@ -20,6 +18,7 @@ from pathlib import Path
 from lightning.pytorch.utilities import rank_zero_only
 
 from kindling.config.errors import UserError
+from kindling.run.run_folder import claim
 
 try:
     import fcntl
@@ -29,14 +28,18 @@ except ImportError:  # Windows
 log = logging.getLogger(__name__)
 
 LOCK_FILE = ".lock"
-# The lock's file descriptor of each folder this process holds.
-_held: dict[Path, int] = {}
+_held: dict[Path, int] = {}  # the lock's file descriptor of each folder this process holds
 
 
 def hold(folder: str | Path) -> None:
-    """Lock `folder` for this process until `release`; refuse if a live process holds it."""
+    """Take `folder` for this run, when it starts: claim it (a SLURM run's, `run_folder`), and
+    lock it until `release`; refuse if a live process holds it."""
+    claim(folder)
     folder = Path(folder).resolve()
-    if fcntl is None or folder in _held or not _launching_process():
+    # Global rank 0: the launching process, or rank 0 of torchrun or srun (NODE_RANK: the first
+    # process of each node of a Lightning launch over several).
+    launching = rank_zero_only.rank == 0 and os.environ.get("NODE_RANK", "0") == "0"
+    if fcntl is None or folder in _held or not launching:
         return
     folder.mkdir(parents=True, exist_ok=True)
     fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
@@ -64,9 +67,3 @@ def release(folder: str | Path) -> None:
     fd = _held.pop(Path(folder).resolve(), None)
     if fd is not None:
         os.close(fd)  # closing the file releases its lock
-
-
-def _launching_process() -> bool:
-    """Global rank 0: the process that launched the job, or rank 0 of torchrun or srun. (A
-    Lightning launch over several nodes gives each node's first process NODE_RANK.)"""
-    return rank_zero_only.rank == 0 and os.environ.get("NODE_RANK", "0") == "0"

@@ -1,4 +1,6 @@
-"""What each run leaves in its folder for the report of a multirun: its results, how it ended."""
+"""What each run leaves in its folder for the report of a multirun (`kindling.report`): its last
+metrics (`results.yaml`), how a multirun's job ended (`job.yaml`), an Optuna trial (`trial.yaml`,
+which knows a pruned one)."""
 
 import time
 from collections.abc import Iterator
@@ -14,11 +16,7 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from kindling.files import write_atomically
 
-# How a job of a multirun ended (kindling.run.multirun_report), and the run's last metrics
-# (kindling.train). An Optuna sweep adds trial.yaml, which knows a pruned trial.
-JOB_FILE = "job.yaml"
-RESULTS_FILE = "results.yaml"
-TRIAL_FILE = "trial.yaml"
+JOB_FILE, RESULTS_FILE, TRIAL_FILE = "job.yaml", "results.yaml", "trial.yaml"
 
 
 def read_yaml(path: Path) -> Any:
@@ -26,25 +24,22 @@ def read_yaml(path: Path) -> Any:
 
 
 def write_yaml(path: Path, record: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
     text = yaml.safe_dump(record, sort_keys=False, width=float("inf"))
     write_atomically(path, lambda file: file.write(text.encode()))
 
 
 @rank_zero_only
 def save_results(metrics: dict, run_dir: str | Path) -> None:
-    """The run's last metrics (of the last validation, and the test of the best checkpoint) in
-    its folder: kindling.report reads them back, whichever loggers the run had."""
+    """The run's last metrics (of the last validation, and the test of the best checkpoint),
+    whichever loggers the run had."""
     write_yaml(Path(run_dir) / RESULTS_FILE, {n: float(v) for n, v in sorted(metrics.items())})
 
 
 @contextmanager
 def recorded_job(run_dir: str | Path) -> Iterator[None]:
-    """In a multirun, `job.yaml`: `running` from the start, then `completed`, `failed` with the
-    error, or `interrupted` with the exit code (SIGTERM, SLURM's `scancel` or requeue, Ctrl-C:
-    stopped at the end of a step and checkpointed). A job that is killed never writes its end:
-    the report calls it interrupted too. Only rank 0 writes (the extra ranks of a DDP job are
-    single runs of the same folder)."""
+    """In a multirun, rank 0 writes `job.yaml`: `running`, then `completed`, `failed` with the
+    error, or `interrupted` with the exit code (a signal: checkpointed at a step's end). A killed
+    job never writes its end: the report calls it interrupted too."""
     multirun = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
     if not multirun or rank_zero_only.rank != 0:
         yield
@@ -54,14 +49,13 @@ def recorded_job(run_dir: str | Path) -> Iterator[None]:
     write_yaml(path, record)
     try:
         yield
-    except SystemExit as stop:  # a signal: in a stage, saved at the end of the step
+        record["status"] = "completed"
+    except SystemExit as stop:
         record.update(status="interrupted", exit_code=stop.code)
         raise
     except Exception as error:
         record.update(status="failed", error=f"{type(error).__name__}: {error}")
         raise
-    else:
-        record["status"] = "completed"
     finally:
         if record["status"] != "running":
             record.update(ended=_now(), run_time_s=round(time.monotonic() - started, 3))

@@ -1,11 +1,6 @@
 """What produced a run: its command line and Hydra overrides, the code's git commit, and the
-library versions.
-
-`collect()` is called once per run and costs one `git` subprocess (two when the tree is dirty).
-The record goes into the run folder (`provenance.yaml`, and `git.diff` when the tree was dirty),
-into every checkpoint (plain types: `torch.load(weights_only=True)` reads it), and to the
-loggers with the hyperparameters (MLflow also gets it as run tags).
-"""
+library versions: in the run folder (`provenance.yaml`, and `git.diff` when the tree was dirty),
+in every checkpoint (plain types, which `weights_only` reads), and to the loggers."""
 
 import platform
 import shlex
@@ -33,13 +28,12 @@ NO_GIT = "no git"
 
 
 def collect(code_dir: str | Path | None = None) -> dict[str, Any]:
-    """The run's provenance as plain types. `code_dir`: the code's folder (kindling's own)."""
+    """The run's provenance. `code_dir`: the code's folder (kindling's own). One or two `git`s."""
+    overrides = HydraConfig.get().overrides.task if HydraConfig.initialized() else None
     return {
         "command": shlex.join([sys.executable, *sys.argv]),
         # What `ckpt_path=<this run's checkpoint>` composes again (kindling.run.stored_overrides).
-        "overrides": (
-            run_overrides(HydraConfig.get().overrides.task) if HydraConfig.initialized() else None
-        ),
+        "overrides": None if overrides is None else run_overrides(overrides),
         "cwd": str(Path.cwd()),
         "host": socket.gethostname(),
         "started": datetime.now().isoformat(timespec="seconds"),
@@ -56,25 +50,18 @@ def collect(code_dir: str | Path | None = None) -> dict[str, Any]:
 
 
 def git_state(code_dir: Path) -> dict[str, Any]:
-    """The git checkout holding `code_dir`: `commit`, `dirty`, `diff` (`git diff HEAD`, tracked
-    files, None when there is none) and `untracked` files; commit `no git` outside a checkout.
-
-    A copy installed into site-packages is not the checkout it may sit in (a .venv inside the
-    repository), so it counts as outside.
-    """
+    """The checkout holding `code_dir`: `commit`, `dirty`, `diff` (`git diff HEAD`, None when
+    clean) and `untracked` files; commit `no git` outside one, or in site-packages (an installed
+    copy is not the checkout its virtual environment may sit in)."""
     outside = {"commit": NO_GIT, "dirty": None, "diff": None, "untracked": []}
     if {"site-packages", "dist-packages"} & set(code_dir.parts):
         return outside
-    status = _git(
-        code_dir,
-        *("-c", "status.relativePaths=false"),  # paths from the top of the checkout
-        *("status", "--porcelain=v2", "--branch", "--untracked-files=all"),
-    )
-    if status is None:
-        return outside
-    lines = status.splitlines()
+    # Paths from the top of the checkout; the commit from the branch header ("(initial)": none).
+    status = _git(code_dir, "-c", "status.relativePaths=false", "status", "--porcelain=v2",
+                  "--branch", "--untracked-files=all")  # fmt: skip
+    lines = (status or "").splitlines()
     commit = next((line.split()[2] for line in lines if line.startswith("# branch.oid ")), None)
-    if commit is None or commit == "(initial)":  # a repository without commits
+    if commit in (None, "(initial)"):
         return outside
     untracked = [line[2:] for line in lines if line.startswith("? ")]
     changed = any(not line.startswith(("#", "?")) for line in lines)
@@ -85,9 +72,8 @@ def git_state(code_dir: Path) -> dict[str, Any]:
 
 def _git(folder: Path, *args: str) -> str | None:
     try:
-        result = subprocess.run(
-            ["git", "-C", str(folder), *args], capture_output=True, text=True, timeout=30
-        )
+        command = ["git", "-C", str(folder), *args]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError):  # no git installed, or it hung
         return None
     return result.stdout if result.returncode == 0 else None
@@ -95,9 +81,8 @@ def _git(folder: Path, *args: str) -> str | None:
 
 def summary(record: dict[str, Any]) -> dict[str, Any]:
     """The record without the diff's text: what provenance.yaml and the loggers hold."""
-    git = dict(record["git"])
-    git["diff"] = DIFF_FILE if git["diff"] is not None else None
-    return {**record, "git": git}
+    diff = DIFF_FILE if record["git"]["diff"] is not None else None
+    return {**record, "git": {**record["git"], "diff": diff}}
 
 
 @rank_zero_only
@@ -105,8 +90,8 @@ def save(record: dict[str, Any], folder: str | Path) -> None:
     """Write `provenance.yaml` (and `git.diff` when the tree was dirty) into `folder`."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / PROVENANCE_FILE, "w") as f:
-        yaml.safe_dump(summary(record), f, sort_keys=False, width=1000)
+    text = yaml.safe_dump(summary(record), sort_keys=False, width=1000)
+    (folder / PROVENANCE_FILE).write_text(text)
     if record["git"]["diff"] is not None:
         (folder / DIFF_FILE).write_text(record["git"]["diff"])
 
@@ -115,11 +100,8 @@ def save(record: dict[str, Any], folder: str | Path) -> None:
 def tag(record: dict[str, Any], loggers: list[Logger]) -> None:
     """Tag MLflow runs with the commit (MLflow's own `mlflow.source.git.commit`), the command
     and the versions; the other loggers take the record with the hyperparameters."""
-    tags = {
-        "command": record["command"],
-        "git.dirty": str(record["git"]["dirty"]),
-        **{f"version.{name}": str(value) for name, value in record["versions"].items()},
-    }
+    tags = {"command": record["command"], "git.dirty": str(record["git"]["dirty"])}
+    tags |= {f"version.{name}": str(value) for name, value in record["versions"].items()}
     if record["git"]["commit"] != NO_GIT:
         tags["mlflow.source.git.commit"] = record["git"]["commit"]
     for logger in loggers:

@@ -16,12 +16,9 @@ from kindling.run import run_folder, stored_overrides
 def find_last_checkpoint(
     runs_dir: str | Path, overrides: Sequence[str] | None = None
 ) -> Path | None:
-    """The newest `checkpoints/last.ckpt` of the runs under `runs_dir` that were configured with
-    `overrides` (any run when None), or None. A checkpoint that stores no overrides (older, or
-    unreadable: the checks name it) counts as one of them."""
-    candidates = sorted(
-        Path(runs_dir).glob("*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime
-    )
+    """The newest `checkpoints/last.ckpt` under `runs_dir` of a run configured with `overrides`
+    (any when None; a checkpoint that stores none counts), or None."""
+    candidates = sorted(Path(runs_dir).glob("*/checkpoints/last.ckpt"), key=_modified)
     if overrides is None or not candidates:
         return candidates[-1] if candidates else None
     others = []
@@ -39,39 +36,28 @@ def find_last_checkpoint(
     )
 
 
+def _modified(path: Path) -> float:
+    return path.stat().st_mtime
+
+
 def resolve_checkpoint(
     ckpt_path: str | None, runs_dir: str | Path, overrides: Sequence[str] | None = None
 ) -> Path | str | None:
-    """`ckpt_path` as a file: `last` is the newest last.ckpt of this task's runs configured with
-    `overrides` (this command's). A URL in object storage (`s3://...`) stays a string, which
-    fsspec and Lightning read."""
-    if ckpt_path is None:
-        return None
-    if ckpt_path == "last":
-        last = find_last_checkpoint(runs_dir, overrides)
-        if last is None:
-            raise UserError(
-                f"ckpt_path=last: no run under {runs_dir} has a checkpoints/last.ckpt. "
-                "Give the checkpoint file with ckpt_path=<path>."
-            )
-        return last
-    return ckpt_path if is_url(ckpt_path) else Path(ckpt_path)
-
-
-def checkpoint_run_folder(checkpoint: Path) -> Path | None:
-    """The run folder a checkpoint belongs to: `<run>/checkpoints/<file>.ckpt` -> `<run>`."""
-    if checkpoint.parent.name == "checkpoints" and (checkpoint.parent.parent / ".hydra").is_dir():
-        return checkpoint.parent.parent
-    return None
+    """`ckpt_path` as a file (`last`: `find_last_checkpoint`); a URL (`s3://...`) stays a string."""
+    if ckpt_path != "last":
+        return ckpt_path if ckpt_path is None or is_url(ckpt_path) else Path(ckpt_path)
+    last = find_last_checkpoint(runs_dir, overrides)
+    if last is None:
+        raise UserError(
+            f"ckpt_path=last: no run under {runs_dir} has a checkpoints/last.ckpt. "
+            "Give the checkpoint file with ckpt_path=<path>."
+        )
+    return last
 
 
 def resume_folder(root: Any) -> Path | None:
-    """The run folder that a resumed training run continues in, or None for a new folder.
-
-    Resuming training (`ckpt_path` set, `train=true`) continues in the checkpoint's run folder,
-    so logs and checkpoints stay together, unless `resume_in_new_folder=true`. A checkpoint in
-    object storage has no local run folder: the run continues in a new one.
-    """
+    """The checkpoint's run folder, where resumed training (`ckpt_path`, `train=true`) goes on
+    unless `resume_in_new_folder=true`; None for a new folder (also for a URL's checkpoint)."""
     if not (root.get("ckpt_path") and root.get("train")) or root.get("resume_in_new_folder"):
         return None
     runs_dir = Path(root.paths.log_dir) / root.task_name / "runs"
@@ -82,45 +68,36 @@ def resume_folder(root: Any) -> Path | None:
         return None  # kindling.train reports it, with the rest of the checks
     if isinstance(checkpoint, str) or not checkpoint.is_file():
         return None
-    return checkpoint_run_folder(checkpoint)
+    run = checkpoint.parent.parent  # <run>/checkpoints/<file>.ckpt
+    return run if checkpoint.parent.name == "checkpoints" and (run / ".hydra").is_dir() else None
 
 
 def run_dir(log_dir: str, task_name: str, *, _root_: Any) -> str:
-    """Hydra's run folder: `hydra.run.dir: ${run_dir:${paths.log_dir},${task_name}}`.
-
-    The checkpoint's folder when resuming there, else a new folder of this run's own.
-    """
-    folder = resume_folder(_root_)
-    return str(folder or run_folder.run_folder(log_dir, task_name))
+    """Hydra's run folder (`${run_dir:...}`): the checkpoint's when resuming there, else new."""
+    return str(resume_folder(_root_) or run_folder.run_folder(log_dir, task_name))
 
 
-# The `.hydra/resumed_<stamp>` folder of this process in each run folder it resumes.
-_records: dict[Path, str] = {}
+_records: dict[Path, str] = {}  # this process's `.hydra/resumed_<stamp>` in each folder it resumes
 
 
 def hydra_subdir(stamp: str, *, _root_: Any) -> str:
-    """Where Hydra writes the run's config: `.hydra`, or `.hydra/resumed_<stamp>` when resuming in
-    an existing run folder, so the first run's config is never overwritten. The stamp's random
-    suffix makes it this process's alone, whenever another resume started."""
+    """Where Hydra writes the config: `.hydra`, or `.hydra/resumed_<stamp>` (this process's alone)
+    when resuming in an existing folder, so the first run's config is never overwritten."""
     folder = resume_folder(_root_)
-    if folder is None:
-        return ".hydra"
-    return _records.setdefault(folder, f".hydra/resumed_{stamp}")
+    return ".hydra" if folder is None else _records.setdefault(folder, f".hydra/resumed_{stamp}")
 
 
 def record_dir(output_dir: str | Path) -> Path:
-    """Where this run writes its own record (config tree, provenance): the run folder, or the
-    `.hydra/resumed_<stamp>/` of a run resumed in an existing folder, beside its config."""
-    if HydraConfig.initialized():
-        subdir = HydraConfig.get().output_subdir
-        if subdir and Path(subdir).name.startswith("resumed_"):
-            return Path(output_dir) / subdir
+    """Where this run writes its record (config tree, provenance): the run folder, or its
+    `.hydra/resumed_<stamp>/` when resumed in an existing folder."""
+    subdir = HydraConfig.get().output_subdir if HydraConfig.initialized() else None
+    if subdir and Path(subdir).name.startswith("resumed_"):
+        return Path(output_dir) / subdir
     return Path(output_dir)
 
 
 def forget_refused(output_dir: str | Path) -> None:
-    """Remove what a resume refused before any work wrote into the run folder, its own
-    `.hydra/resumed_<stamp>/`, so that the run is left as it was."""
+    """Remove a refused resume's `.hydra/resumed_<stamp>/`: the run folder is left as it was."""
     record = record_dir(output_dir)
     if record != Path(output_dir):
         shutil.rmtree(record, ignore_errors=True)

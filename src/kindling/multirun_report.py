@@ -1,4 +1,5 @@
-"""The Hydra callback that reports a multirun when it ends (or is cut off)."""
+"""The Hydra callback of every multirun: it takes the sweep folder when the multirun starts, and
+reports the multirun when it ends (or is cut off). Above `run/`, beside `report`, which it calls."""
 
 import atexit
 import logging
@@ -8,7 +9,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from kindling.run.run_folder import launch_rank
+from kindling.run.run_folder import claim, launch_rank
 
 log = logging.getLogger(__name__)
 
@@ -21,6 +22,7 @@ class MultirunReport(Callback):
         self.sweep_dir: Path | None = None
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        claim(config.hydra.sweep.dir)  # a SLURM job's, named by run_folder.sweep_folder
         if launch_rank() != 0:
             return
         self.sweep_dir = Path(config.hydra.sweep.dir)
