@@ -8,8 +8,6 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
 from kindling.config.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -121,17 +119,3 @@ def read_image_folder(root: str | Path) -> FolderSplits:
     if folder.skipped:
         log.info("Skipped %d files under %s that are not images (by suffix).", folder.skipped, root)
     return folder
-
-
-def carve(samples: Samples, fraction: float, seed: int) -> tuple[Samples, Samples]:
-    """Split off a seeded `fraction` of `samples` (at least one): `(rest, carved)`."""
-    order = torch.randperm(len(samples), generator=torch.Generator().manual_seed(seed)).tolist()
-    count = max(1, round(len(samples) * fraction))
-    if count >= len(samples):
-        raise UserError(
-            f"Only {len(samples)} training images: too few to hold out {fraction:.0%} of them. "
-            "Add images, or give val/ and test/ folders."
-        )
-    carved = sorted(order[:count])
-    rest = sorted(order[count:])
-    return [samples[i] for i in rest], [samples[i] for i in carved]

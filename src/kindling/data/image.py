@@ -9,9 +9,9 @@ from lightning.pytorch.accelerators import CUDAAccelerator
 from torch.utils.data import DataLoader
 
 from kindling.config.errors import UserError
-from kindling.data.folds import check_folds, fold_split
 from kindling.data.in_memory import BatchIndexedTensors
 from kindling.data.loaders import SplitDataModule, per_device_batch_size
+from kindling.data.splits import check_folds, split_off
 
 if TYPE_CHECKING:
     from kindling.data.device_loader import DeviceTensorLoader
@@ -40,7 +40,7 @@ class InMemoryImageDataModule(SplitDataModule):
         seed: seed of the validation split (or folds), independent of the run's seed (the split
             stays the same across a seed sweep).
         folds, fold: k-fold cross-validation: the training split is cut into `folds` stratified,
-            seeded folds (kindling.data.folds); fold `fold` is validation, the others train
+            seeded folds (kindling.data.splits); fold `fold` is validation, the others train
             (`val_fraction` is then unused). None: a `val_fraction` carved at random.
         shuffle_seed: seed of the order of training batches (configs pass the run's `seed`);
             None draws one, the same on every rank.
@@ -106,14 +106,9 @@ class InMemoryImageDataModule(SplitDataModule):
         self._check(train_images, train_labels)
 
         hp = self.hparams
-        if hp.folds is not None:
-            train_idx, val_idx = fold_split(train_labels, hp.folds, hp.fold, hp.seed)
-        else:
-            order = torch.randperm(
-                len(train_labels), generator=torch.Generator().manual_seed(hp.seed)
-            )
-            num_val = max(1, round(len(order) * hp.val_fraction))
-            val_idx, train_idx = order[:num_val], order[num_val:]
+        train_idx, val_idx = split_off(
+            train_labels, hp.val_fraction, hp.seed, folds=hp.folds, fold=hp.fold
+        )
 
         # Statistics of the training part only: nothing from validation or test leaks in.
         self.mean = train_images[train_idx].mean(dim=(0, 2, 3), keepdim=True)

@@ -10,12 +10,12 @@ from torch.utils.data import DataLoader
 
 from kindling.config.errors import UserError
 from kindling.data.augment import Transform, worker_transform
-from kindling.data.folder import Samples, carve, read_image_folder
-from kindling.data.folds import check_folds, fold_split
+from kindling.data.folder import Samples, read_image_folder
 from kindling.data.gpu_decode import EncodedImageFiles, check_decode_device, decode_batch
 from kindling.data.image_files import ImageFiles, readable
 from kindling.data.loaders import SplitDataModule, per_device_batch_size
 from kindling.data.normalize import cached_statistics, channel_statistics, to_model_input
+from kindling.data.splits import check_folds, split_off
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ class ImageFolderDataModule(SplitDataModule):
         test_fraction: share of train held out for testing when there is no `test/`.
         seed: seed of the carved splits (and folds) and of the statistics' sample.
         folds, fold: k-fold cross-validation, without a `val/` folder: what train keeps after the
-            test split is cut into `folds` stratified, seeded folds (kindling.data.folds); fold
+            test split is cut into `folds` stratified, seeded folds (kindling.data.splits); fold
             `fold` is validation, the others train (`val_fraction` is then unused).
         augment: training-time transforms (torchvision.transforms.v2, applied to uint8 images).
         mean: per-channel mean in [0, 1] units; null: measured on the training split.
@@ -142,24 +142,16 @@ class ImageFolderDataModule(SplitDataModule):
 
     def _splits(self, on_disk: dict[str, Samples]) -> dict[str, Samples]:
         hp = self.hparams
-        train = on_disk["train"]
-        test = on_disk.get("test")
-        if test is None:
-            train, test = carve(train, hp.test_fraction, hp.seed)
-        val = on_disk.get("val")
+        train, test, val = on_disk["train"], on_disk.get("test"), on_disk.get("val")
         if val is not None and hp.folds is not None:
             raise UserError(
                 f"data.folds={hp.folds}: {Path(hp.path) / 'val'} is a validation split of its own. "
                 "Leave out data.folds and data.fold, or move val/ into train/ to cross-validate."
             )
-        if hp.folds is not None:
-            labels = torch.tensor([label for _, label in train])
-            train_idx, val_idx = (
-                i.tolist() for i in fold_split(labels, hp.folds, hp.fold, hp.seed + 1)
-            )
-            train, val = [train[i] for i in train_idx], [train[i] for i in val_idx]
-        elif val is None:
-            train, val = carve(train, hp.val_fraction, hp.seed + 1)
+        if test is None:
+            train, test = _split(train, hp.test_fraction, hp.seed)
+        if val is None:
+            train, val = _split(train, hp.val_fraction, hp.seed + 1, hp.folds, hp.fold)
         for name, samples in (("val", val), ("test", test)):
             if not samples:
                 raise UserError(
@@ -250,3 +242,11 @@ class ImageFolderDataModule(SplitDataModule):
         self.mean, self.std = state_dict["mean"], state_dict["std"]
         self.classes = state_dict["classes"]
         self._on_device.clear()
+
+
+def _split(
+    samples: Samples, fraction: float, seed: int, folds: int | None = None, fold: int | None = None
+) -> tuple[Samples, Samples]:
+    labels = torch.tensor([label for _, label in samples])
+    rest, held = split_off(labels, fraction, seed, folds=folds, fold=fold)
+    return [samples[i] for i in rest.tolist()], [samples[i] for i in held.tolist()]
