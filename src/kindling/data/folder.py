@@ -8,7 +8,10 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from torch.utils.data import Dataset
+
 from kindling.config.errors import UserError
+from kindling.data.image_files import ImageFiles
 
 log = logging.getLogger(__name__)
 
@@ -119,3 +122,18 @@ def read_image_folder(root: str | Path) -> FolderSplits:
     if folder.skipped:
         log.info("Skipped %d files under %s that are not images (by suffix).", folder.skipped, root)
     return folder
+
+
+def files_to_predict(folder: str | Path, channels: int, size: int) -> tuple[Dataset, list[str]]:
+    """The image files under `folder` (`python -m kindling.predict input=<folder>`), as a data
+    set of `(image, row, readable)`, and their names, in the folder's sorted order."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise UserError(f"input={folder} is not a folder. Give a folder of images, or test / val.")
+    files, skipped = image_files(folder)
+    if not files:
+        raise UserError(f"No image files ({', '.join(sorted(IMAGE_SUFFIXES))}) in {folder}.")
+    if skipped:
+        log.info("Skipped %d files in %s that are not images (by suffix).", skipped, folder)
+    rows = list(zip(files, range(len(files)), strict=True))
+    return ImageFiles(rows, channels, size, predicting=True), [str(f) for f in files]

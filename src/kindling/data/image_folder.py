@@ -10,10 +10,10 @@ from torch.utils.data import DataLoader
 
 from kindling.config.errors import UserError
 from kindling.data.augment import Transform, worker_transform
-from kindling.data.folder import Samples, read_image_folder
+from kindling.data.folder import Samples, files_to_predict, read_image_folder
 from kindling.data.gpu_decode import EncodedImageFiles, check_decode_device, decode_batch
 from kindling.data.image_files import ImageFiles, readable
-from kindling.data.loaders import SplitDataModule, per_device_batch_size
+from kindling.data.loaders import PREDICT_SPLITS, SplitDataModule, per_device_batch_size
 from kindling.data.normalize import cached_statistics, channel_statistics, to_model_input
 from kindling.data.splits import check_folds, split_off
 
@@ -112,9 +112,14 @@ class ImageFolderDataModule(SplitDataModule):
         self._on_device: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def setup(self, stage: str | None = None) -> None:
+        hp = self.hparams
+        if stage == "predict" and self.predict_input not in PREDICT_SPLITS:  # image files
+            self.data_predict, self.names_to_predict = files_to_predict(
+                self.predict_input, hp.channels, hp.image_size
+            )
+            return
         if self.data_train is not None:
             return
-        hp = self.hparams
         self.batch_size_per_device  # noqa: B018 - validate before reading any file
         folder = read_image_folder(hp.path)
         if len(folder.classes) != hp.num_classes:
@@ -212,7 +217,7 @@ class ImageFolderDataModule(SplitDataModule):
         return super().train_dataloader()
 
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        if self.hparams.decode_device != "cuda":
+        if self.hparams.decode_device != "cuda" or self.data_predict is not None:
             return batch
         encoded, labels = batch
         transform = self.transform if self.trainer.training else None
@@ -223,13 +228,13 @@ class ImageFolderDataModule(SplitDataModule):
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         if not isinstance(batch, list | tuple):  # the model summary's example input
             return batch
-        images, labels = batch
+        images, *rest = batch  # labels, or a prediction's rows and readable
         if images.device not in self._on_device:  # the statistics, copied once per device
             self._on_device[images.device] = (
                 self.mean.to(images.device),
                 self.std.to(images.device),
             )
-        return to_model_input(images, *self._on_device[images.device]), labels
+        return [to_model_input(images, *self._on_device[images.device]), *rest]
 
     def state_dict(self) -> dict[str, Any]:
         # Lightning stores this in every checkpoint: prediction needs no training data.
