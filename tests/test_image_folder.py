@@ -16,8 +16,7 @@ from torchvision.transforms import v2
 
 from kindling.config.errors import UserError
 from kindling.data.gpu_decode import EncodedImageFiles, decode_batch
-from kindling.data.image_files import read_image
-from kindling.data.image_folder import STATISTICS_FILE, ImageFolderDataModule
+from kindling.data.image_folder import STATISTICS_FILE, ImageFolderDataModule, read_image
 from kindling.predict import PredictArgs, predict
 from kindling.train import run
 
@@ -398,13 +397,12 @@ def test_a_multirun_trains_with_and_without_augmentation(tmp_path: Path) -> None
 
 
 def test_a_missing_data_path_names_the_key(compose_config) -> None:
-    from omegaconf import OmegaConf
-
     from kindling.config.errors import find_user_error
+    from kindling.config.instantiate import build
 
     cfg = compose_config("data=image_folder")
     with pytest.raises(Exception) as error:
-        OmegaConf.to_container(cfg.data, resolve=True)
+        build(cfg.data, "data")
     assert "needs the folder of your images: data.path=<folder>" in str(
         find_user_error(error.value)
     )

@@ -15,7 +15,9 @@ the table's own. `devices=N` predicts on N processes (DDP: N GPUs, or N CPU proc
 there is no GPU), each on its own share of the files or sequences; each writes its rows to a
 part file, and the first merges them into the one CSV. The checkpoint holds the model's config,
 its weights and the training set's statistics (per channel, or per feature), so nothing else is
-needed. The Lightning Trainer places the work (`accelerator=auto`: a GPU when there is one).
+needed: its data config builds the data module, whose `predict_dataloader` serves `input`
+(kindling.data.loaders.SplitDataModule), and `trainer.predict` places the work
+(`accelerator=auto`: a GPU when there is one).
 
 `output=` is checked before any work: a folder, the checkpoint or input being read, or a place
 that cannot be written is refused; so is an existing file other than an earlier CSV of
@@ -58,7 +60,7 @@ class PredictArgs:
     output: str = "predictions.csv"
     overwrite: bool = False  # replace an output file that is not a CSV of predictions
     batch_size: int = 256
-    num_workers: int | None = None  # decoding processes; null: the CPUs available
+    num_workers: int | None = None  # loader processes; null: the data config's
     accelerator: str = "auto"  # cpu | gpu | auto
     devices: int = 1  # processes (one per device) sharing the files or sequences
 

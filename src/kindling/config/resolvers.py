@@ -13,12 +13,6 @@ from kindling.run import hydra_ddp, resumed, run_folder
 
 
 # The data sets' own resolvers: their modules load when a config of theirs is resolved.
-def class_count(path: str | None) -> int:
-    from kindling.data.folder import class_count
-
-    return class_count(path)
-
-
 def sequence_table(key: str, *, _parent_: Any) -> int:
     from kindling.data.sequence_table import table_value
 
@@ -80,7 +74,6 @@ OmegaConf.register_new_resolver("hydra_subdir", resumed.hydra_subdir, replace=Tr
 OmegaConf.register_new_resolver("job_device", hydra_ddp.job_device, replace=True)
 # data=image_folder counts its classes: `num_classes: ${class_count:${data.path}}`; the augment
 # group pads crops by an eighth of the image size: `${div:${data.image_shape.1},8}`.
-OmegaConf.register_new_resolver("class_count", class_count, replace=True)
 OmegaConf.register_new_resolver("div", lambda a, b: int(a) // int(b), replace=True)
 # data=sequences reads its feature and class counts from the table: `${sequence_table:num_classes}`.
 OmegaConf.register_new_resolver("sequence_table", sequence_table, replace=True)

@@ -3,7 +3,7 @@
 import torch
 from sklearn.datasets import load_digits
 
-from kindling.data.image import InMemoryImageDataModule, Split
+from kindling.data.in_memory import InMemoryImageDataModule, Split
 from kindling.data.splits import split_off
 
 
