@@ -15,8 +15,8 @@ from litdata.exceptions import ChunkWaitTimeoutError
 
 from kindling.config.errors import UserError
 from kindling.data.augment import Transform, worker_transform
+from kindling.data.image_folder import to_model_input
 from kindling.data.loaders import SplitDataModule, per_device_batch_size
-from kindling.data.normalize import to_model_input
 from kindling.data.prepared import (
     SEQUENCES,
     check_chunks,
