@@ -266,7 +266,7 @@ def test_gpu_decode_path_decodes_like_the_workers(tmp_path: Path) -> None:
     samples = [(root / "red" / "0.jpg", 2), (root / "red" / "1.png", 2)]
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     for channels in (3, 1):
-        encoded = EncodedImageFiles(samples, channels, 8)
+        encoded = EncodedImageFiles(samples)
         data, labels = EncodedImageFiles.collate([encoded[0], encoded[1]])
         images = decode_batch(data, device, channels=channels, size=8)
         assert images.shape == (2, channels, 8, 8) and images.dtype == torch.uint8

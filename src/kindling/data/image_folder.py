@@ -424,11 +424,13 @@ class ImageFolderDataModule(SplitDataModule):
         if hp.unreadable == "check" or hp.decode_device == "cuda":
             self._check_readable([f for samples in splits.values() for f, _ in samples])
 
-        files = EncodedImageFiles if hp.decode_device == "cuda" else ImageFiles
         size, channels = hp.image_size, hp.channels
-        self.data_train = files(splits["train"], channels, size, transform=self.transform)
-        self.data_val = files(splits["val"], channels, size)
-        self.data_test = files(splits["test"], channels, size)
+        if hp.decode_device == "cuda":
+            self.data_train, self.data_val, self.data_test = map(EncodedImageFiles, splits.values())
+        else:
+            self.data_train = ImageFiles(splits["train"], channels, size, transform=self.transform)
+            self.data_val = ImageFiles(splits["val"], channels, size)
+            self.data_test = ImageFiles(splits["test"], channels, size)
         if self.mean is None:
             self._set_statistics(ImageFiles(splits["train"], channels, size))
         counts = ", ".join(f"{name} {len(samples)}" for name, samples in splits.items())
