@@ -309,6 +309,7 @@ class ImageFolderDataModule(SplitDataModule):
     Workers decode each file (torchvision.io, PIL for other formats), resize it to
     `image_size`, convert it to `channels` and apply `augment` (training only); batches cross
     to the device as uint8 and are converted and standardised there (`on_after_batch_transfer`).
+    A `predict_input` folder (kindling.data.loaders) is read the same way, without augmentation.
 
     Args:
         path: the image folder.

@@ -43,7 +43,8 @@ class InMemoryImageDataModule(SplitDataModule):
     """Images held in memory as tensors, standardised per channel with training-set statistics.
 
     Subclasses implement `load_splits`, returning the train and test splits; this class carves
-    a seeded validation split out of train and serves all three.
+    a seeded validation split out of train and serves all three. A `predict_input` folder of
+    image files (kindling.data.loaders) is decoded to `image_shape` and standardised alike.
 
     Args:
         data_dir: where the data set's files live (or are downloaded to).

@@ -130,12 +130,10 @@ class SplitDataModule(L.LightningDataModule):
     data_val: Dataset | None = None
     data_test: Dataset | None = None
     fixed_batch_shapes: bool = True
-    # What `predict_dataloader` serves (`python -m kindling.predict input=...`), set before
-    # `trainer.predict`: a split, "test" or "val" (its own batches, in order, on one device), or
-    # the path of new inputs of the data's kind (a folder of images, a table). For a path,
-    # `setup("predict")` sets `data_predict`, whose batches are `[*inputs, rows, readable]`:
-    # `rows` index `predict_names` (the CSV's first column), and `readable` is False where an
-    # input could not be read (a corrupt image: its row is left out and named).
+    # What `predict_dataloader` serves (kindling.predict's `input=`): a split, "test" or "val"
+    # (its own batches, in order), or a path of new inputs (images, a table), for which
+    # `setup("predict")` sets `data_predict` and `names_to_predict`: batches `[*inputs, rows,
+    # readable]`, `rows` indexing `predict_names`, `readable` False for an unreadable input.
     predict_input: str = "test"
     data_predict: Dataset | None = None
     names_to_predict: list[str] | None = None
@@ -232,17 +230,16 @@ class SplitDataModule(L.LightningDataModule):
         return self._loader(self.data_test, shuffle=False)
 
     def predict_dataloader(self) -> DataLoader:
-        if self.predict_input in PREDICT_SPLITS:
-            return self._loader(getattr(self, f"data_{self.predict_input}"), shuffle=False)
-        return self._loader(self.data_predict, shuffle=False)
+        split = self.predict_input in PREDICT_SPLITS
+        return self._loader(
+            getattr(self, f"data_{self.predict_input}") if split else self.data_predict
+        )
 
     @property
     def predict_names(self) -> list[str]:
-        """The name of each row `predict_dataloader` serves: a file, a sequence id, an index."""
+        """Each row's name: a file, a sequence id, or (in-memory splits) an index."""
         if self.predict_input not in PREDICT_SPLITS:
             return self.names_to_predict
-        dataset = getattr(self, f"data_{self.predict_input}")
-        if getattr(dataset, "samples", None):  # an image folder's (file, label) pairs
-            return [str(file) for file, _ in dataset.samples]
-        ids = getattr(dataset, "ids", None)  # a table's sequence ids
-        return [str(i) for i in (ids if ids is not None else range(len(dataset)))]
+        split = getattr(self, f"data_{self.predict_input}")
+        names = [file for file, _ in getattr(split, "samples", [])] or getattr(split, "ids", None)
+        return [str(name) for name in (range(len(split)) if names is None else names)]

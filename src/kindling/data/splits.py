@@ -30,10 +30,8 @@ def fold_split(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`(train, val)` indices into `labels`: val is fold `fold` of `folds`, train the others.
 
-    The samples are shuffled with `seed`, grouped by class (keeping the shuffled order within a
-    class) and dealt out to the folds in turn. So the folds are disjoint and cover every sample,
-    their sizes differ by at most one, and so do each class's counts in them (stratified); the
-    same seed gives the same folds, whichever fold is asked for.
+    Shuffled with `seed`, grouped by class and dealt out in turn: the folds are disjoint, cover
+    every sample, and differ in size, and in each class's count, by at most one (stratified).
     """
     check_folds(folds, fold)
     if len(labels) < folds:
