@@ -155,11 +155,11 @@ class ImageFiles(Dataset):
         channels: 1 (grey) or 3 (RGB); files of other modes are converted.
         size: height and width; files of other sizes are resized.
         transform: applied to each uint8 image after resizing (training augmentation).
-        skip_unreadable: serve the next readable file in place of one that cannot be decoded
-            (named in a warning, once per worker) so a run never dies mid-epoch on a bad file
-            and every batch keeps its size; otherwise raise `UnreadableImage`.
         predicting: serve `(image, label, readable)`, a blank image where a file cannot be
             decoded (the labels are then rows of `predict_names`: kindling.data.loaders).
+            Otherwise the next readable file is served in place of one that cannot be decoded
+            (named in a warning, once per worker): a run never dies mid-epoch on a bad file,
+            and every batch keeps its size.
 
     In a DataLoader worker its state is the worker's torch generator, which `transform` draws
     from: torchdata's `StatefulDataLoader` saves it with the loader's position, so a run resumed
@@ -173,13 +173,11 @@ class ImageFiles(Dataset):
         channels: int,
         size: int,
         transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
-        skip_unreadable: bool = True,
         predicting: bool = False,
     ):
         self.samples = samples
         self.channels, self.size = channels, size
         self.transform = transform
-        self.skip_unreadable = skip_unreadable
         self.predicting = predicting
         self.reported: set[Path] = set()
         self.rank = 0
@@ -209,8 +207,6 @@ class ImageFiles(Dataset):
             try:
                 image = read_image(path, self.channels, self.size)
             except UnreadableImage as error:
-                if not self.skip_unreadable:
-                    raise
                 if path not in self.reported:
                     self.reported.add(path)
                     log.warning("Skipped unreadable image %s", error)
