@@ -286,8 +286,8 @@ def trained(compose_config, tmp_path: Path) -> tuple[Path, Path]:
         "data=image_folder", f"data.path={root}", "data.image_size=8", "data.batch_size=8",
         "data.num_workers=0", "trainer=cpu", "trainer.max_epochs=3", *QUIET,
     )  # fmt: skip
-    assert cfg.data.num_classes == 3  # counted from the folders
     run(cfg)
+    assert cfg.data.num_classes == 3  # counted from the folders, written into the run's config
     return root, Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"
 
 

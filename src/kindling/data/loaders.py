@@ -231,9 +231,8 @@ class SplitDataModule(L.LightningDataModule):
 
     def predict_dataloader(self) -> DataLoader:
         split = self.predict_input in PREDICT_SPLITS
-        return self._loader(
-            getattr(self, f"data_{self.predict_input}") if split else self.data_predict
-        )
+        dataset = getattr(self, f"data_{self.predict_input}") if split else self.data_predict
+        return self._loader(dataset, shuffle=False)
 
     @property
     def predict_names(self) -> list[str]:
