@@ -66,7 +66,7 @@ from meters import PER_STEP, make_meter
 from omegaconf import open_dict
 from torch.utils.data import DataLoader
 
-from kindling.data.image import InMemoryImageDataModule, Split
+from kindling.data.in_memory import InMemoryImageDataModule, Split
 from kindling.run import provenance
 from kindling.train import build_trainer  # also registers kindling's config resolvers
 

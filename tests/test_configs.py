@@ -20,7 +20,7 @@ from kindling.config.instantiate import build
 from kindling.data.loaders import SplitDataModule
 from kindling.data.prepared import FORMAT, METADATA_FILE
 from kindling.modules.classifier import Classifier
-from kindling.train import run
+from kindling.train import fill_in_from_data, run
 
 from conftest import CONFIG_DIR, QUIET, options
 
@@ -89,6 +89,7 @@ def test_model_and_data_build_from_config(
             build(cfg.model, "model")
         return
     datamodule = instantiate(cfg.data, _convert_="all")
+    fill_in_from_data(cfg.data, datamodule)  # what a run reads from the data: the class count
     module = instantiate(cfg.model, _convert_="all")
     assert isinstance(datamodule, SplitDataModule)
     assert isinstance(module, Classifier)

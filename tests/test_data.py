@@ -20,7 +20,7 @@ from torchvision import datasets
 
 from kindling.config.errors import UserError
 from kindling.data.digits import DigitsDataModule
-from kindling.data.image import InMemoryImageDataModule
+from kindling.data.in_memory import InMemoryImageDataModule
 from kindling.data.loaders import per_device_batch_size
 from kindling.data.torchvision_datasets import (
     CIFAR10DataModule,

@@ -16,8 +16,7 @@ from torchvision.transforms import v2
 
 from kindling.config.errors import UserError
 from kindling.data.gpu_decode import EncodedImageFiles, decode_batch
-from kindling.data.image_files import read_image
-from kindling.data.image_folder import STATISTICS_FILE, ImageFolderDataModule
+from kindling.data.image_folder import STATISTICS_FILE, ImageFolderDataModule, read_image
 from kindling.predict import PredictArgs, predict
 from kindling.train import run
 
@@ -267,7 +266,7 @@ def test_gpu_decode_path_decodes_like_the_workers(tmp_path: Path) -> None:
     samples = [(root / "red" / "0.jpg", 2), (root / "red" / "1.png", 2)]
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     for channels in (3, 1):
-        encoded = EncodedImageFiles(samples, channels, 8)
+        encoded = EncodedImageFiles(samples)
         data, labels = EncodedImageFiles.collate([encoded[0], encoded[1]])
         images = decode_batch(data, device, channels=channels, size=8)
         assert images.shape == (2, channels, 8, 8) and images.dtype == torch.uint8
@@ -287,8 +286,8 @@ def trained(compose_config, tmp_path: Path) -> tuple[Path, Path]:
         "data=image_folder", f"data.path={root}", "data.image_size=8", "data.batch_size=8",
         "data.num_workers=0", "trainer=cpu", "trainer.max_epochs=3", *QUIET,
     )  # fmt: skip
-    assert cfg.data.num_classes == 3  # counted from the folders
     run(cfg)
+    assert cfg.data.num_classes == 3  # counted from the folders, written into the run's config
     return root, Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"
 
 
@@ -398,13 +397,12 @@ def test_a_multirun_trains_with_and_without_augmentation(tmp_path: Path) -> None
 
 
 def test_a_missing_data_path_names_the_key(compose_config) -> None:
-    from omegaconf import OmegaConf
-
     from kindling.config.errors import find_user_error
+    from kindling.config.instantiate import build
 
     cfg = compose_config("data=image_folder")
     with pytest.raises(Exception) as error:
-        OmegaConf.to_container(cfg.data, resolve=True)
+        build(cfg.data, "data")
     assert "needs the folder of your images: data.path=<folder>" in str(
         find_user_error(error.value)
     )

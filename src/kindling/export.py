@@ -36,7 +36,7 @@ import torch
 
 from kindling import cli
 from kindling.config.errors import UserError
-from kindling.data.normalize import to_model_input
+from kindling.data.image_folder import to_model_input
 from kindling.garbage_collection import skip_collections_at_exit
 from kindling.known_warnings import ignore_unhelpful_warnings
 from kindling.loading import data_state, load_module

@@ -9,12 +9,6 @@ from kindling.config.errors import UserError
 
 
 # The data sets' own resolvers: their modules load when a config of theirs is resolved.
-def class_count(path: str | None) -> int:
-    from kindling.data.folder import class_count
-
-    return class_count(path)
-
-
 def sequence_table(key: str, *, _parent_: Any) -> int:
     from kindling.data.sequence_table import table_value
 
@@ -67,7 +61,6 @@ def gpu_count(accelerator: Any, devices: Any) -> int | None:
 
 # data=image_folder counts its classes: `num_classes: ${class_count:${data.path}}`; the augment
 # group pads crops by an eighth of the image size: `${div:${data.image_shape.1},8}`.
-OmegaConf.register_new_resolver("class_count", class_count, replace=True)
 OmegaConf.register_new_resolver("div", lambda a, b: int(a) // int(b), replace=True)
 # data=sequences reads its feature and class counts from the table: `${sequence_table:num_classes}`.
 OmegaConf.register_new_resolver("sequence_table", sequence_table, replace=True)

@@ -23,19 +23,10 @@ def check_decode_device(decode_device: str) -> None:
 
 
 class EncodedImageFiles(Dataset):
-    """`(file bytes, label)` pairs: the encoded files, decoded later by `decode_batch`.
+    """`(file bytes, label)` pairs of `(file, label)` samples: the encoded files, decoded later,
+    on the GPU, by `decode_batch` (which resizes, converts and augments them there)."""
 
-    Takes the arguments of `ImageFiles`; `channels`, `size` and `transform` are applied after
-    decoding, on the GPU.
-    """
-
-    def __init__(
-        self,
-        samples: list[tuple[Path, int]],
-        channels: int,
-        size: int,
-        transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
-    ):
+    def __init__(self, samples: list[tuple[Path, int]]):
         self.samples = samples
 
     def __len__(self) -> int:

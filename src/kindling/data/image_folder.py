@@ -1,23 +1,296 @@
-"""Your own images: a folder of image files, decoded in workers, batched as uint8."""
+"""Your own images: a folder of image files in torchvision's ImageFolder layout, decoded in
+DataLoader workers, batched as uint8 and standardised on the device.
 
+<root>/<class>/<files>                       one pool: val and test are carved from it
+<root>/train/<class>/<files>, [val/, test/]  given splits; an absent one is carved from train
+"""
+
+import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from torch.utils.data import DataLoader
+from PIL import Image
+from torch.utils.data import DataLoader, Dataset, get_worker_info
+from torchvision.io import ImageReadMode, decode_image
+from torchvision.transforms.v2.functional import pil_to_tensor, resize
 
 from kindling.config.errors import UserError
 from kindling.data.augment import Transform, worker_transform
-from kindling.data.folder import Samples, carve, read_image_folder
-from kindling.data.folds import check_folds, fold_split
 from kindling.data.gpu_decode import EncodedImageFiles, check_decode_device, decode_batch
-from kindling.data.image_files import ImageFiles, readable
-from kindling.data.loaders import SplitDataModule, per_device_batch_size
-from kindling.data.normalize import cached_statistics, channel_statistics, to_model_input
+from kindling.data.loaders import PREDICT_SPLITS, SplitDataModule, per_device_batch_size
+from kindling.data.splits import check_folds, split_off
+from kindling.files import write_atomically
 
 log = logging.getLogger(__name__)
+
+
+# What torchvision.io or PIL decode; anything else in a class folder is skipped and counted.
+IMAGE_SUFFIXES = frozenset(
+    {".png", ".jpg", ".jpeg", ".gif", ".webp", ".bmp", ".tif", ".tiff", ".ppm", ".pgm"}
+)
+SPLITS = ("train", "val", "test")
+
+Samples = list[tuple[Path, int]]  # (file, class index)
+
+
+def image_files(folder: Path) -> tuple[list[Path], int]:
+    """Image files under `folder` (any depth, sorted) and the number of other files skipped."""
+    files, skipped = [], 0
+    for path in sorted(folder.rglob("*")):
+        if not path.is_file() or path.name.startswith("."):
+            continue
+        if path.suffix.lower() in IMAGE_SUFFIXES:
+            files.append(path)
+        else:
+            skipped += 1
+    return files, skipped
+
+
+def class_folders(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def split_root(root: Path) -> Path:
+    """The folder whose subfolders are the training classes."""
+    return root / "train" if (root / "train").is_dir() else root
+
+
+def check_root(root: Path) -> None:
+    if not root.exists():
+        raise UserError(
+            f"data.path={root} does not exist. Point data.path at a folder laid out as "
+            "<path>/<class>/<images> or <path>/train/<class>/<images>."
+        )
+    if not root.is_dir():
+        raise UserError(
+            f"data.path={root} is a file; give the folder that holds the class folders."
+        )
+
+
+def class_names(root: str | Path) -> list[str]:
+    """The class names of an image folder: the subfolders of `<root>/train`, or of `<root>`."""
+    root = Path(root)
+    check_root(root)
+    folders = class_folders(split_root(root))
+    if not folders:
+        raise UserError(
+            f"{split_root(root)} has no class subfolders. Put each class's images in a "
+            "folder of its own: <path>/<class>/<images> (e.g. <path>/cat/1.jpg, <path>/dog/2.jpg)."
+        )
+    return [f.name for f in folders]
+
+
+def read_image_folder(root: str | Path) -> tuple[list[str], dict[str, Samples]]:
+    """The classes (sorted folder names) and the samples of each split on disk; refuse layouts
+    that cannot train."""
+    root = Path(root)
+    classes = class_names(root)
+    has_splits = (root / "train").is_dir()
+    splits, skipped = {}, 0
+    for split in SPLITS if has_splits else ("train",):
+        split_dir = root / split if has_splits else root
+        if not split_dir.is_dir():
+            continue
+        found = [f.name for f in class_folders(split_dir)]
+        unknown = sorted(set(found) - set(classes))
+        if unknown:
+            raise UserError(
+                f"{split_dir} has class folders that {root / 'train'} does not: "
+                f"{', '.join(unknown)}. Add them to train/ or remove them from {split}/."
+            )
+        splits[split] = []
+        for name in found:
+            files, not_images = image_files(split_dir / name)
+            skipped += not_images
+            if not files and split == "train":
+                raise UserError(
+                    f"Class folder {split_dir / name} has no image files "
+                    f"({', '.join(sorted(IMAGE_SUFFIXES))}). Add images or remove the folder."
+                )
+            splits[split] += [(f, classes.index(name)) for f in files]
+    if skipped:
+        log.info("Skipped %d files under %s that are not images (by suffix).", skipped, root)
+    return classes, splits
+
+
+class UnreadableImage(Exception):
+    """A file that neither torchvision.io nor PIL can decode (corrupt, truncated, not an image)."""
+
+    def __init__(self, path: Path, reason: object):
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+
+
+def decode_file(path: Path, channels: int) -> torch.Tensor:
+    """uint8 `(channels, H, W)` at the file's own size: torchvision.io (libjpeg-turbo, libpng),
+    PIL for the formats torchvision does not decode (BMP, TIFF, PPM, ...)."""
+    mode = ImageReadMode.GRAY if channels == 1 else ImageReadMode.RGB
+    try:
+        return decode_image(str(path), mode=mode)
+    except (RuntimeError, ValueError):
+        pass  # not a format torchvision decodes, or a broken file: PIL decides which
+    try:
+        with Image.open(path) as image:
+            return pil_to_tensor(image.convert("L" if channels == 1 else "RGB"))
+    except Exception as error:  # PIL raises many kinds: OSError, SyntaxError, ValueError, ...
+        raise UnreadableImage(path, error) from error
+
+
+def read_image(path: Path, channels: int, size: int) -> torch.Tensor:
+    """uint8 `(channels, size, size)`: any size and mode in, one size and channel count out."""
+    image = decode_file(path, channels)
+    if image.shape[-2:] != (size, size):
+        image = resize(image, [size, size], antialias=True)
+    return image
+
+
+class ImageFiles(Dataset):
+    """`(image, label)` pairs of image files, each image uint8 `(channels, size, size)`.
+
+    Args:
+        samples: `(file, label)` pairs.
+        channels: 1 (grey) or 3 (RGB); files of other modes are converted.
+        size: height and width; files of other sizes are resized.
+        transform: applied to each uint8 image after resizing (training augmentation).
+        predicting: serve `(image, label, readable)`, a blank image where a file cannot be
+            decoded (the labels are then rows of `predict_names`: kindling.data.loaders).
+            Otherwise the next readable file is served in place of one that cannot be decoded
+            (named in a warning, once per worker): a run never dies mid-epoch on a bad file,
+            and every batch keeps its size.
+
+    In a DataLoader worker its state is the worker's torch generator, which `transform` draws
+    from: torchdata's `StatefulDataLoader` saves it with the loader's position, so a run resumed
+    mid-epoch augments the rest of the epoch as it would have. `rank` (set by the data module)
+    keeps one process's generators from being given to another's workers.
+    """
+
+    def __init__(
+        self,
+        samples: list[tuple[Path, int]],
+        channels: int,
+        size: int,
+        transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        predicting: bool = False,
+    ):
+        self.samples = samples
+        self.channels, self.size = channels, size
+        self.transform = transform
+        self.predicting = predicting
+        self.reported: set[Path] = set()
+        self.rank = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        if get_worker_info() is None:  # in the main process, the run's generators are saved
+            return {}
+        return {"rank": self.rank, "torch": torch.get_rng_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state and get_worker_info() is not None and state["rank"] == self.rank:
+            torch.set_rng_state(state["torch"])
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int] | tuple[torch.Tensor, int, bool]:
+        if self.predicting:
+            path, row = self.samples[index]
+            try:
+                return read_image(path, self.channels, self.size), row, True
+            except UnreadableImage:
+                blank = torch.zeros(self.channels, self.size, self.size, dtype=torch.uint8)
+                return blank, row, False
+        for offset in range(len(self.samples)):
+            path, label = self.samples[(index + offset) % len(self.samples)]
+            try:
+                image = read_image(path, self.channels, self.size)
+            except UnreadableImage as error:
+                if path not in self.reported:
+                    self.reported.add(path)
+                    log.warning("Skipped unreadable image %s", error)
+                continue
+            if self.transform is not None:
+                image = self.transform(image)
+            return image, label
+        raise RuntimeError(f"none of the {len(self.samples)} image files can be decoded")
+
+
+def readable(path: Path, channels: int) -> bool:
+    try:
+        decode_file(path, channels)
+    except UnreadableImage:
+        return False
+    return True
+
+
+def files_to_predict(folder: str | Path, channels: int, size: int) -> tuple[Dataset, list[str]]:
+    """The image files under `folder` (`python -m kindling.predict input=<folder>`), as a data
+    set of `(image, row, readable)`, and their names, in the folder's sorted order."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise UserError(f"input={folder} is not a folder. Give a folder of images, or test / val.")
+    files, skipped = image_files(folder)
+    if not files:
+        raise UserError(f"No image files ({', '.join(sorted(IMAGE_SUFFIXES))}) in {folder}.")
+    if skipped:
+        log.info("Skipped %d files in %s that are not images (by suffix).", skipped, folder)
+    rows = list(zip(files, range(len(files)), strict=True))
+    return ImageFiles(rows, channels, size, predicting=True), [str(f) for f in files]
+
+
+def channel_statistics(
+    dataset: Dataset, sample: int, seed: int = 0
+) -> tuple[list[float], list[float]]:
+    """Mean and standard deviation per channel, in [0, 1] units, of up to `sample` images of
+    `dataset` (uint8 `(C, H, W)` images, chosen with `seed`)."""
+    generator = torch.Generator().manual_seed(seed)
+    indices = torch.randperm(len(dataset), generator=generator)[:sample].tolist()
+    total = total_sq = None
+    count = 0
+    for index in indices:
+        image = dataset[index][0].double().div_(255.0).flatten(1)  # (C, H*W)
+        total = image.sum(1) if total is None else total + image.sum(1)
+        total_sq = image.square().sum(1) if total_sq is None else total_sq + image.square().sum(1)
+        count += image.shape[1]
+    mean = total / count
+    std = (total_sq / count - mean.square()).clamp_min(1e-12).sqrt()
+    return mean.tolist(), std.clamp_min(1e-6).tolist()
+
+
+Statistics = tuple[list[float], list[float]]  # mean, std per channel
+
+
+def cached_statistics(cache: Path, key: str, compute: Callable[[], Statistics]) -> Statistics:
+    """The statistics stored under `key` in the JSON file `cache`, or `compute()` stored there.
+
+    A folder that cannot be written to only loses the cache: the statistics are computed again.
+    """
+    stored = {}
+    if cache.is_file():
+        try:
+            stored = json.loads(cache.read_text())
+        except (OSError, ValueError):
+            stored = {}
+    if key in stored:
+        return stored[key]["mean"], stored[key]["std"]
+    mean, std = compute()
+    stored[key] = {"mean": mean, "std": std}
+    # Processes of a multi-device run may write it at the same time.
+    text = json.dumps(stored, indent=1).encode()
+    try:
+        write_atomically(cache, lambda file: file.write(text))
+    except OSError as error:
+        log.info("Could not cache image statistics in %s (%s).", cache, error)
+    return mean, std
+
+
+def to_model_input(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+    """uint8 `(B, C, H, W)` -> float32, standardised per channel (`mean`, `std` in [0, 1] units,
+    shaped `(1, C, 1, 1)` on the images' device): one fused pass where the batch already is."""
+    return images.float().sub_(mean * 255.0).div_(std * 255.0)
+
 
 STATISTICS_FILE = ".kindling_statistics.json"  # beside the data, in data.path
 
@@ -32,10 +305,11 @@ class ImageFolderDataModule(SplitDataModule):
     Workers decode each file (torchvision.io, PIL for other formats), resize it to
     `image_size`, convert it to `channels` and apply `augment` (training only); batches cross
     to the device as uint8 and are converted and standardised there (`on_after_batch_transfer`).
+    A `predict_input` folder (kindling.data.loaders) is read the same way, without augmentation.
 
     Args:
         path: the image folder.
-        num_classes: the number of classes; must match the class folders.
+        num_classes: the number of classes; null: counted from the class folders (`describe`).
         image_size: height and width every image is resized to.
         channels: 1 (grey) or 3 (RGB); other modes are converted.
         image_shape: `[channels, image_size, image_size]`, for the model config; checked.
@@ -44,7 +318,7 @@ class ImageFolderDataModule(SplitDataModule):
         test_fraction: share of train held out for testing when there is no `test/`.
         seed: seed of the carved splits (and folds) and of the statistics' sample.
         folds, fold: k-fold cross-validation, without a `val/` folder: what train keeps after the
-            test split is cut into `folds` stratified, seeded folds (kindling.data.folds); fold
+            test split is cut into `folds` stratified, seeded folds (kindling.data.splits); fold
             `fold` is validation, the others train (`val_fraction` is then unused).
         augment: training-time transforms (torchvision.transforms.v2, applied to uint8 images).
         mean: per-channel mean in [0, 1] units; null: measured on the training split.
@@ -65,8 +339,8 @@ class ImageFolderDataModule(SplitDataModule):
 
     def __init__(
         self,
-        path: str,
-        num_classes: int,
+        path: str | None,
+        num_classes: int | None = None,
         image_size: int = 64,
         channels: Literal[1, 3] = 3,
         image_shape: Sequence[int] | None = None,
@@ -91,6 +365,11 @@ class ImageFolderDataModule(SplitDataModule):
         super().__init__()
         self.save_hyperparameters(ignore=["augment"], logger=False)
         per_device_batch_size(batch_size, 1)
+        if path is None:
+            raise UserError(
+                "data=image_folder needs the folder of your images: data.path=<folder>, laid out "
+                "as <folder>/<class>/<images> or <folder>/train/<class>/<images>."
+            )
         expected = [channels, image_size, image_size]
         if image_shape is not None and list(image_shape) != expected:
             raise UserError(
@@ -107,30 +386,44 @@ class ImageFolderDataModule(SplitDataModule):
         self.std: torch.Tensor | None = None
         self._on_device: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
+    def describe(self) -> dict[str, Any]:
+        """The class count, read from the class folders when the config leaves it null
+        (kindling.train.fill_in_from_data writes it into the run's config for the model)."""
+        if self.hparams.num_classes is not None:
+            return {}
+        return {"num_classes": len(class_names(self.hparams.path))}
+
     def setup(self, stage: str | None = None) -> None:
+        hp = self.hparams
+        if stage == "predict" and self.predict_input not in PREDICT_SPLITS:  # image files
+            self.data_predict, self.names_to_predict = files_to_predict(
+                self.predict_input, hp.channels, hp.image_size
+            )
+            return
         if self.data_train is not None:
             return
-        hp = self.hparams
         self.batch_size_per_device  # noqa: B018 - validate before reading any file
-        folder = read_image_folder(hp.path)
-        if len(folder.classes) != hp.num_classes:
+        classes, on_disk = read_image_folder(hp.path)
+        if hp.num_classes is not None and len(classes) != hp.num_classes:
             raise UserError(
-                f"data.num_classes={hp.num_classes} but {hp.path} has {len(folder.classes)} "
-                f"class folders ({', '.join(folder.classes)}). Set data.num_classes="
-                f"{len(folder.classes)}, or leave it out: it is counted from the folders."
+                f"data.num_classes={hp.num_classes} but {hp.path} has {len(classes)} "
+                f"class folders ({', '.join(classes)}). Set data.num_classes="
+                f"{len(classes)}, or leave it out: it is counted from the folders."
             )
-        self._check_classes(folder.classes)
-        self.classes = folder.classes
-        splits = self._splits(folder.splits)
+        self._check_classes(classes)
+        self.classes = classes
+        splits = self._splits(on_disk)
         # GPU decoding cannot skip a bad file inside a batch: it always checks first.
         if hp.unreadable == "check" or hp.decode_device == "cuda":
             self._check_readable([f for samples in splits.values() for f, _ in samples])
 
-        files = EncodedImageFiles if hp.decode_device == "cuda" else ImageFiles
         size, channels = hp.image_size, hp.channels
-        self.data_train = files(splits["train"], channels, size, transform=self.transform)
-        self.data_val = files(splits["val"], channels, size)
-        self.data_test = files(splits["test"], channels, size)
+        if hp.decode_device == "cuda":
+            self.data_train, self.data_val, self.data_test = map(EncodedImageFiles, splits.values())
+        else:
+            self.data_train = ImageFiles(splits["train"], channels, size, transform=self.transform)
+            self.data_val = ImageFiles(splits["val"], channels, size)
+            self.data_test = ImageFiles(splits["test"], channels, size)
         if self.mean is None:
             self._set_statistics(ImageFiles(splits["train"], channels, size))
         counts = ", ".join(f"{name} {len(samples)}" for name, samples in splits.items())
@@ -138,24 +431,16 @@ class ImageFolderDataModule(SplitDataModule):
 
     def _splits(self, on_disk: dict[str, Samples]) -> dict[str, Samples]:
         hp = self.hparams
-        train = on_disk["train"]
-        test = on_disk.get("test")
-        if test is None:
-            train, test = carve(train, hp.test_fraction, hp.seed)
-        val = on_disk.get("val")
+        train, test, val = on_disk["train"], on_disk.get("test"), on_disk.get("val")
         if val is not None and hp.folds is not None:
             raise UserError(
                 f"data.folds={hp.folds}: {Path(hp.path) / 'val'} is a validation split of its own. "
                 "Leave out data.folds and data.fold, or move val/ into train/ to cross-validate."
             )
-        if hp.folds is not None:
-            labels = torch.tensor([label for _, label in train])
-            train_idx, val_idx = (
-                i.tolist() for i in fold_split(labels, hp.folds, hp.fold, hp.seed + 1)
-            )
-            train, val = [train[i] for i in train_idx], [train[i] for i in val_idx]
-        elif val is None:
-            train, val = carve(train, hp.val_fraction, hp.seed + 1)
+        if test is None:
+            train, test = _split(train, hp.test_fraction, hp.seed)
+        if val is None:
+            train, val = _split(train, hp.val_fraction, hp.seed + 1, hp.folds, hp.fold)
         for name, samples in (("val", val), ("test", test)):
             if not samples:
                 raise UserError(
@@ -216,7 +501,7 @@ class ImageFolderDataModule(SplitDataModule):
         return super().train_dataloader()
 
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        if self.hparams.decode_device != "cuda":
+        if self.hparams.decode_device != "cuda" or self.data_predict is not None:
             return batch
         encoded, labels = batch
         transform = self.transform if self.trainer.training else None
@@ -227,13 +512,13 @@ class ImageFolderDataModule(SplitDataModule):
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         if not isinstance(batch, list | tuple):  # the model summary's example input
             return batch
-        images, labels = batch
+        images, *rest = batch  # labels, or a prediction's rows and readable
         if images.device not in self._on_device:  # the statistics, copied once per device
             self._on_device[images.device] = (
                 self.mean.to(images.device),
                 self.std.to(images.device),
             )
-        return to_model_input(images, *self._on_device[images.device]), labels
+        return [to_model_input(images, *self._on_device[images.device]), *rest]
 
     def state_dict(self) -> dict[str, Any]:
         # Lightning stores this in every checkpoint: prediction needs no training data.
@@ -246,3 +531,11 @@ class ImageFolderDataModule(SplitDataModule):
         self.mean, self.std = state_dict["mean"], state_dict["std"]
         self.classes = state_dict["classes"]
         self._on_device.clear()
+
+
+def _split(
+    samples: Samples, fraction: float, seed: int, folds: int | None = None, fold: int | None = None
+) -> tuple[Samples, Samples]:
+    labels = torch.tensor([label for _, label in samples])
+    rest, held = split_off(labels, fraction, seed, folds=folds, fold=fold)
+    return [samples[i] for i in rest.tolist()], [samples[i] for i in held.tolist()]

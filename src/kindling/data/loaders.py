@@ -16,6 +16,8 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from kindling.config.errors import UserError
 
+PREDICT_SPLITS = ("test", "val")  # the splits `python -m kindling.predict input=` names
+
 
 def per_device_batch_size(batch_size: int, world_size: int) -> int:
     """Split a global batch size evenly over `world_size` processes."""
@@ -128,8 +130,13 @@ class SplitDataModule(L.LightningDataModule):
     data_val: Dataset | None = None
     data_test: Dataset | None = None
     fixed_batch_shapes: bool = True
-    # Which split `predict_dataloader` serves (`python -m kindling.predict input=test|val`).
-    predict_split: str = "test"
+    # What `predict_dataloader` serves (kindling.predict's `input=`): a split, "test" or "val"
+    # (its own batches, in order), or a path of new inputs (images, a table), for which
+    # `setup("predict")` sets `data_predict` and `names_to_predict`: batches `[*inputs, rows,
+    # readable]`, `rows` indexing `predict_names`, `readable` False for an unreadable input.
+    predict_input: str = "test"
+    data_predict: Dataset | None = None
+    names_to_predict: list[str] | None = None
 
     @property
     def batch_size_per_device(self) -> int:
@@ -223,4 +230,15 @@ class SplitDataModule(L.LightningDataModule):
         return self._loader(self.data_test, shuffle=False)
 
     def predict_dataloader(self) -> DataLoader:
-        return self._loader(getattr(self, f"data_{self.predict_split}"), shuffle=False)
+        split = self.predict_input in PREDICT_SPLITS
+        dataset = getattr(self, f"data_{self.predict_input}") if split else self.data_predict
+        return self._loader(dataset, shuffle=False)
+
+    @property
+    def predict_names(self) -> list[str]:
+        """Each row's name: a file, a sequence id, or (in-memory splits) an index."""
+        if self.predict_input not in PREDICT_SPLITS:
+            return self.names_to_predict
+        split = getattr(self, f"data_{self.predict_input}")
+        names = [file for file, _ in getattr(split, "samples", [])] or getattr(split, "ids", None)
+        return [str(name) for name in (range(len(split)) if names is None else names)]

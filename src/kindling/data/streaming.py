@@ -15,8 +15,8 @@ from litdata.exceptions import ChunkWaitTimeoutError
 
 from kindling.config.errors import UserError
 from kindling.data.augment import Transform, worker_transform
+from kindling.data.image_folder import to_model_input
 from kindling.data.loaders import SplitDataModule, per_device_batch_size
-from kindling.data.normalize import to_model_input
 from kindling.data.prepared import (
     SEQUENCES,
     check_chunks,
@@ -330,7 +330,7 @@ class StreamingDataModule(SplitDataModule):
         return self._streaming_loader(self.data_test, drop_last=self._even_evaluation)
 
     def predict_dataloader(self) -> StreamingDataLoader:
-        split = getattr(self, f"data_{self.predict_split}")
+        split = getattr(self, f"data_{self.predict_input}")
         return self._streaming_loader(split, drop_last=self._even_evaluation)
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:

@@ -7,7 +7,7 @@ import torch
 from torchvision import datasets
 
 from kindling.config.errors import UserError
-from kindling.data.image import InMemoryImageDataModule, Split
+from kindling.data.in_memory import InMemoryImageDataModule, Split
 
 
 class TorchvisionDataModule(InMemoryImageDataModule):

@@ -1,4 +1,4 @@
-"""k-fold cross-validation: the validation fold of the training data, stratified and seeded."""
+"""Every data set's train/val/test split: seeded, stratified where asked, or k-fold."""
 
 import torch
 
@@ -30,10 +30,8 @@ def fold_split(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`(train, val)` indices into `labels`: val is fold `fold` of `folds`, train the others.
 
-    The samples are shuffled with `seed`, grouped by class (keeping the shuffled order within a
-    class) and dealt out to the folds in turn. So the folds are disjoint and cover every sample,
-    their sizes differ by at most one, and so do each class's counts in them (stratified); the
-    same seed gives the same folds, whichever fold is asked for.
+    Shuffled with `seed`, grouped by class and dealt out in turn: the folds are disjoint, cover
+    every sample, and differ in size, and in each class's count, by at most one (stratified).
     """
     check_folds(folds, fold)
     if len(labels) < folds:
@@ -43,3 +41,30 @@ def fold_split(
     assigned = torch.empty(len(labels), dtype=torch.long)
     assigned[by_class] = torch.arange(len(labels)) % folds
     return (assigned != fold).nonzero().squeeze(1), (assigned == fold).nonzero().squeeze(1)
+
+
+def split_off(
+    labels: torch.Tensor,
+    fraction: float,
+    seed: int,
+    *,
+    folds: int | None = None,
+    fold: int | None = None,
+    stratify: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(rest, held out)` indices into `labels`, each ascending: fold `fold` of `folds` when
+    given (`fold_split`), else a seeded `fraction` of the samples (at least one); `stratify`
+    keeps each class's share, as fold 0 of `round(1 / fraction)` folds does."""
+    if folds is not None:
+        return fold_split(labels, folds, fold, seed)
+    count = len(labels)
+    if stratify:
+        return fold_split(labels, max(2, min(round(1 / fraction), count)), 0, seed)
+    held = max(1, round(count * fraction))
+    if held >= count:
+        raise UserError(
+            f"Only {count} training samples: too few to hold out {fraction:.0%} of them. Add "
+            "samples, or give the split of your own."
+        )
+    order = torch.randperm(count, generator=torch.Generator().manual_seed(seed))
+    return order[held:].sort().values, order[:held].sort().values
