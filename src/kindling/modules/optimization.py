@@ -1,4 +1,4 @@
-"""Optimizer and scheduler from the `_partial_` factories a model config gives a module.
+"""Learning-rate schedules, and the scheduler from the `_partial_` factory a model config gives.
 
 A scheduler factory with a `total_steps` argument (`warmup_cosine` below, torch's `OneCycleLR`)
 gets the run's length in optimizer steps from the Trainer, so the schedule ends where the run
@@ -9,7 +9,7 @@ alone (`ReduceLROnPlateau`, `StepLR`, ...).
 import functools
 import inspect
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import lightning as L
@@ -17,9 +17,6 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 
 from kindling.config.errors import UserError
-
-OptimizerFactory = Callable[..., torch.optim.Optimizer]
-SchedulerFactory = Callable[..., LRScheduler]
 
 
 def warmup_cosine(
@@ -82,38 +79,22 @@ def total_optimizer_steps(trainer: L.Trainer) -> int:
     return int(total)
 
 
-def configure_optimizers(
-    optimizer_factory: OptimizerFactory,
-    scheduler_factory: SchedulerFactory | None,
-    params: Iterable[torch.nn.Parameter] | list[dict[str, Any]],
+def lr_scheduler(
+    factory: Callable[..., LRScheduler],
+    optimizer: torch.optim.Optimizer,
     trainer: L.Trainer,
-    interval: str = "epoch",
-    monitor: str = "val/loss",
+    interval: str,
 ) -> dict[str, Any]:
-    """What `LightningModule.configure_optimizers` returns: the optimizer over `params` (or
-    parameter groups; a group's `lr_ratio` scales the learning rate it starts from) and,
-    if there is one, its scheduler stepped every `interval` (`monitor` feeds ReduceLROnPlateau).
-    """
-    optimizer = optimizer_factory(params=params)
-    # A group's `lr_ratio` (the backbone's, kindling.modules.finetuning) scales its `lr` before
-    # a scheduler takes the groups' learning rates as its peaks.
-    for group in optimizer.param_groups:
-        group["lr"] = group["lr"] * group.get("lr_ratio", 1.0)
-    if scheduler_factory is None:
-        return {"optimizer": optimizer}
-    if takes_total_steps(scheduler_factory):
-        if interval != "step":
-            raise UserError(
-                f"model.scheduler counts optimizer steps (total_steps), but "
-                f"model.scheduler_interval={interval} steps it once per epoch. Set "
-                "model.scheduler_interval=step."
-            )
-        scheduler = scheduler_factory(
-            optimizer=optimizer, total_steps=total_optimizer_steps(trainer)
+    """Lightning's `lr_scheduler` entry: `factory`'s scheduler stepped every `interval`
+    (val/loss feeds ReduceLROnPlateau)."""
+    if not takes_total_steps(factory):
+        scheduler = factory(optimizer=optimizer)
+    elif interval != "step":
+        raise UserError(
+            f"model.scheduler counts optimizer steps (total_steps), but "
+            f"model.scheduler_interval={interval} steps it once per epoch. Set "
+            "model.scheduler_interval=step."
         )
     else:
-        scheduler = scheduler_factory(optimizer=optimizer)
-    return {
-        "optimizer": optimizer,
-        "lr_scheduler": {"scheduler": scheduler, "interval": interval, "monitor": monitor},
-    }
+        scheduler = factory(optimizer=optimizer, total_steps=total_optimizer_steps(trainer))
+    return {"scheduler": scheduler, "interval": interval, "monitor": "val/loss"}
