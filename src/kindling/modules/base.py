@@ -1,10 +1,10 @@
-"""What kindling's LightningModules share: per-sample losses averaged per epoch, and the
-optimizer and scheduler built from the `_partial_` factories of the model config.
+"""What kindling's LightningModules share: epoch metrics, and the optimizer and scheduler from
+the `_partial_` factories of the model config (`optimizer` takes `params`; `scheduler`, optional,
+takes `optimizer`, and `total_steps` if it has it: kindling.modules.optimization).
 
-Steps only `update()` torchmetrics objects; each is logged once, from the epoch-end hooks, and
-Lightning computes it (reduced across processes), logs and resets it. Logging a metric object
-costs Lightning a `Metric.to(device)` per call: logging two in every step costs more than the
-whole step of a small model (`benchmarks/step_floor.py`).
+Steps only `update()` torchmetrics objects, logged once from the epoch-end hooks (Lightning
+computes them reduced across processes, and resets them): logging a metric object costs a
+`Metric.to(device)` per call, more than the whole step of a small model (benchmarks/step_floor.py).
 """
 
 from collections.abc import Callable, Iterable
@@ -22,9 +22,8 @@ STAGES = ("train", "val", "test")
 
 class BaseModule(L.LightningModule):
     """Logs `<stage>/loss` (the mean over the epoch's samples, however the split is cut into
-    batches and processes) and `<stage>/<name>` for each of `metrics`, every stage its own copy.
-    Subclasses give `shared_step(stage, batch)`: it updates the stage's metrics and returns
-    `{"loss": <the batch's mean loss>, ...}`."""
+    batches and processes) and `<stage>/<name>` of each of `metrics`. Subclasses give
+    `shared_step(stage, batch)`: it updates the stage's metrics, returns `{"loss": mean, ...}`."""
 
     def __init__(
         self,
@@ -43,9 +42,6 @@ class BaseModule(L.LightningModule):
         self.epoch_metrics = nn.ModuleDict(
             {f"{stage}/{name}": make() for stage in STAGES for name, make in makers.items()}
         )
-
-    def shared_step(self, stage: str, batch: Any) -> dict[str, torch.Tensor]:
-        raise NotImplementedError
 
     def training_step(self, batch: Any, batch_idx: int) -> dict[str, torch.Tensor]:
         return self.shared_step("train", batch)
