@@ -34,29 +34,17 @@ def full_parameters(model: nn.Module) -> AbstractContextManager:
 class LanguageModel(BaseModule):
     """Next-token cross-entropy over every position, perplexity, and text samples while training.
 
-    Logs `train/loss`, `val/loss`, `test/loss` (mean cross-entropy per token, once per epoch:
-    kindling.modules.base) and `val/ppl`, `test/ppl` (their exp).
-    At the end of each validation epoch it samples `sample_length` characters after
+    Logs `<stage>/loss` (mean cross-entropy per token) and `val/ppl`, `test/ppl` (its exp).
+    After each validation epoch it samples `sample_length` characters (0: none) after
     `sample_prompt` (every rank, with the whole model: under FSDP its shards are gathered), prints
-    them (rank 0), appends them to `samples.txt` in the run folder and sends them to TensorBoard
-    when that logger is on.
+    them (rank 0), appends them to `samples.txt` in the run folder and to TensorBoard when that
+    logger is on. `sample_seed` is the same every epoch: samples differ only as the model does,
+    and never touch the training random state.
 
-    The net is built once the vocabulary is known (`configure_model`, from the data module's
-    `vocabulary`), so its size never has to be written in a config. The vocabulary is kept as a
-    buffer: a checkpoint's state_dict alone rebuilds the net (`load_state_dict`) and decodes its
-    samples.
-
-    Args:
-        net: a factory taking `vocab_size` (a Hydra `_partial_: true` config), e.g.
-            `kindling.models.language_models.LSTMLanguageModel`.
-        optimizer, scheduler, scheduler_interval, compile, compile_mode: as the Classifier's
-            (the net is compiled when it is built).
-        sample_prompt: text the samples start from.
-        sample_length: characters per sample; 0 turns sampling off.
-        sample_temperature: softmax temperature (0: always the most likely character).
-        sample_top_k: sample among the k most likely characters only (null: all).
-        sample_seed: seed of the samples; the same every epoch, so they differ only as the
-            model does, and sampling never touches the training random state.
+    `net` is a factory taking `vocab_size` (a `_partial_: true` config), called once the data
+    module's `vocabulary` is known (`configure_model`): no config writes its size. The vocabulary
+    is a buffer: a checkpoint's state_dict alone rebuilds the net and decodes its samples.
+    The other arguments are the Classifier's (the net is compiled when it is built).
     """
 
     def __init__(
@@ -80,9 +68,6 @@ class LanguageModel(BaseModule):
         self.net: nn.Module | None = None
         # The characters behind the ids, as code points; empty until `build`.
         self.register_buffer("vocabulary_codepoints", torch.empty(0, dtype=torch.long))
-
-    # ----------------------------------------------------------------------------------------
-    # Building the net for a vocabulary
 
     def build(self, vocabulary: Vocabulary) -> None:
         """Create the net for `vocabulary`: its size sets the embedding and output layers."""
@@ -124,9 +109,6 @@ class LanguageModel(BaseModule):
                     f"({len(self.vocabulary)}). Resume or test with the corpus it was trained on."
                 )
         return super().load_state_dict(state_dict, strict=strict, assign=assign)
-
-    # ----------------------------------------------------------------------------------------
-    # Training, validation, test
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         if self.net is None:
@@ -181,9 +163,6 @@ class LanguageModel(BaseModule):
                 # TensorBoard reads text as Markdown: indent it into a code block to keep lines.
                 block = "\n".join("    " + line for line in text.split("\n"))
                 logger.experiment.add_text("samples", block, self.global_step)
-
-    # ----------------------------------------------------------------------------------------
-    # Sampling
 
     @torch.no_grad()
     def generate(
