@@ -3,22 +3,17 @@
     python -m kindling.export ckpt_path=<file> [output=<path without suffix>]
         [format=both | onnx | torch_export] [tolerance=1e-4] [samples=8]
 
-Writes `<output>.onnx` (the dynamo exporter, opset 18+; run it with onnxruntime),
-`<output>.pt2` (`torch.export.save`; `torch.export.load(path).module()` runs it) and
-`<output>.json`, the facts a consumer needs, also stored in the files (the ONNX model's
-metadata_props; the .pt2 archive's `extra_files["kindling.json"]`): class names, input shape,
-the normalisation to apply and the dynamic dimensions. The exported model takes what the
-checkpoint's module takes and returns logits `(B, num_classes)`: float32 images
-`(B, C, H, W)`, each channel standardised as `(pixel / 255 - mean) / std`; or, from a
-`data=sequences` checkpoint, float32 steps `(B, T, F)` standardised per feature as
-`(value - mean) / std` (a missing value: 0), zero-padded after each sequence's end, and int64
-`lengths` `(B,)`, the batch and the length dynamic.
+Writes `<output>.onnx` (the dynamo exporter; run it with onnxruntime), `<output>.pt2`
+(`torch.export.load(path).module()` runs it) and `<output>.json`, also stored in both files (ONNX
+metadata_props; the archive's `extra_files["kindling.json"]`): what a consumer needs, the class
+names, the inputs, their normalisation and dynamic dimensions. The exported model returns logits
+`(B, num_classes)` of float32 images `(B, C, H, W)` standardised per channel as
+`(pixel / 255 - mean) / std`, or (a `data=sequences` checkpoint) of float32 steps `(B, T, F)`
+standardised per feature, zero-padded after each end, and int64 `lengths` `(B,)`.
 
-Each exported file is then run (onnxruntime for ONNX) on `samples` random inputs, standardised
-with the checkpoint's statistics, and on a batch of another size (sequences: of random lengths,
-padded to another length); the largest absolute difference from the checkpoint's logits is
-printed. Beyond `tolerance` the file is deleted and the command fails with one line. `output`
-defaults to the checkpoint's path less `.ckpt`.
+Each file is then run on `samples` random inputs and on a batch of another size (sequences: of
+random lengths, padded to another length); beyond `tolerance` from the checkpoint's logits it is
+deleted and the command fails in one line. `output` defaults to the checkpoint's path less .ckpt.
 """
 
 import copy

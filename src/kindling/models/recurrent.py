@@ -12,14 +12,10 @@ from kindling.models.blocks import as_steps, step_features
 
 
 class RecurrentClassifier(nn.Module):
-    """A stack of `nn.RNN` / `nn.LSTM` / `nn.GRU` layers and a linear head on the last hidden state.
-
-    Takes images `(B, C, H, W)` (read as sequences `(B, H, C*W)`; give `image_shape`) or padded
-    sequences `(B, T, F)` with their `lengths` (give `num_features`); returns `(B, num_classes)`.
-    Sequences are packed, so the last hidden state is each one's last real step (and, when
-    bidirectional, the backward direction's state after reading back to its first step): padding
-    never enters the recurrence. Subclasses choose the cell.
-    """
+    """`nn.RNN` / `nn.LSTM` / `nn.GRU` layers (the subclass's `cell`), a linear head on the last
+    hidden state: images `(B, C, H, W)` read row by row (give `image_shape`), or padded sequences
+    `(B, T, F)` and `lengths` (give `num_features`, packed: padding never enters the recurrence),
+    to `(B, num_classes)`."""
 
     cell: ClassVar[type[nn.RNNBase]]
 
@@ -70,16 +66,14 @@ class RecurrentClassifier(nn.Module):
 
 
 class UnpackedRecurrent(nn.Module):
-    """A `RecurrentClassifier` on padded sequences `(B, T, F)` and `lengths` `(B,)` without
-    packing: the packed net's logits (to float rounding), in a graph that torch.export and the
-    ONNX exporter trace with the length dynamic. Eval only (no dropout between layers).
+    """A `RecurrentClassifier` on padded sequences and `lengths` without packing: the same logits
+    in a graph that torch.export and ONNX trace with a dynamic length. Eval only.
 
-    Each layer and direction runs over the whole padded length in a `torch.while_loop` (the cell
-    written out: `nn.RNN`'s own kernels unroll the steps when traced, fixing the length), and
-    each sequence's last real step is read by index. Padding comes after each sequence's end,
-    so the forward direction's states at real steps never see it. The backward direction reads
-    each sequence reversed within its length (padding stays at the end), so it too starts at the
-    last real step; its outputs are put back in order for the next layer.
+    Each layer and direction runs over the padded length in a `torch.while_loop` (`nn.RNN`'s own
+    kernels unroll the steps when traced, fixing the length); each sequence's last real step is
+    read by index. Padding comes after each end, so forward states at real steps never see it;
+    the backward direction reads each sequence reversed within its length, and its outputs are
+    put back in order for the next layer.
     """
 
     def __init__(self, net: RecurrentClassifier):
@@ -122,9 +116,8 @@ def _recurrence(
     bias_ih: torch.Tensor | None,
     bias_hh: torch.Tensor | None,
 ) -> torch.Tensor:
-    """One layer and direction of a `cell` (lstm, gru, tanh or relu: nn.RNN's nonlinearity)
-    over `inputs` `(B, T, F)` from zero states: the hidden state after each step,
-    `(B, T, hidden)`."""
+    """One layer and direction of a `cell` (lstm, gru, tanh or relu) over `inputs` `(B, T, F)`
+    from zero states: the hidden state after each step, `(B, T, hidden)`."""
     batch, length, _ = inputs.shape
     hidden_size = weight_hh.shape[1]
     gates = F.linear(inputs, weight_ih, bias_ih)  # every step's input part at once
