@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from kindling.models.blocks import TransformerBlock
+from kindling.models.recurrent import rnn_layers
 
 State = Any  # what forward_with_state hands back to itself; opaque to callers
 
@@ -34,14 +35,7 @@ class RecurrentLanguageModel(nn.Module):
     ):
         super().__init__()
         self.embedding = nn.Embedding(vocab_size, embedding_dim)
-        self.rnn = self.cell(
-            embedding_dim,
-            hidden_size,
-            num_layers=num_layers,
-            # nn.RNNBase applies dropout between layers only, and warns when there is one layer.
-            dropout=dropout if num_layers > 1 else 0.0,
-            batch_first=True,
-        )
+        self.rnn = rnn_layers(self.cell, embedding_dim, hidden_size, num_layers, dropout)
         self.dropout = nn.Dropout(dropout)
         self.head = nn.Linear(hidden_size, vocab_size)
 

@@ -11,6 +11,17 @@ from torch.nn.utils.rnn import pack_padded_sequence
 from kindling.models.blocks import as_steps, step_features
 
 
+def rnn_layers(
+    cell: type[nn.RNNBase], input_size: int, hidden_size: int, num_layers: int, dropout: float,
+    bidirectional: bool = False,
+) -> nn.RNNBase:  # fmt: skip
+    """`num_layers` batch-first layers of `cell`, `dropout` between them."""
+    # nn.RNNBase applies dropout between layers only, and warns when there is one layer.
+    dropout = dropout if num_layers > 1 else 0.0
+    return cell(input_size, hidden_size, num_layers, batch_first=True, dropout=dropout,
+                bidirectional=bidirectional)  # fmt: skip
+
+
 class RecurrentClassifier(nn.Module):
     """`nn.RNN` / `nn.LSTM` / `nn.GRU` layers (the subclass's `cell`), a linear head on the last
     hidden state: images `(B, C, H, W)` read row by row (give `image_shape`), or padded sequences
@@ -30,15 +41,8 @@ class RecurrentClassifier(nn.Module):
         num_features: int | None = None,
     ):
         super().__init__()
-        self.rnn = self.cell(
-            step_features(image_shape, num_features),
-            hidden_size,
-            num_layers=num_layers,
-            # nn.RNNBase applies dropout between layers only, and warns when there is one layer.
-            dropout=dropout if num_layers > 1 else 0.0,
-            bidirectional=bidirectional,
-            batch_first=True,
-        )
+        features = step_features(image_shape, num_features)
+        self.rnn = rnn_layers(self.cell, features, hidden_size, num_layers, dropout, bidirectional)
         directions = 2 if bidirectional else 1
         self.head = nn.Sequential(
             nn.Dropout(dropout), nn.Linear(directions * hidden_size, num_classes)
