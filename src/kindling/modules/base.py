@@ -43,8 +43,8 @@ class BaseModule(L.LightningModule):
             {f"{stage}/{name}": make() for stage in STAGES for name, make in makers.items()}
         )
 
-    def training_step(self, batch: Any, batch_idx: int) -> dict[str, torch.Tensor]:
-        return self.shared_step("train", batch)
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self.shared_step("train", batch)["loss"]
 
     def validation_step(self, batch: Any, batch_idx: int) -> dict[str, torch.Tensor]:
         return self.shared_step("val", batch)
