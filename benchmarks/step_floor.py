@@ -48,12 +48,10 @@ def tiny_net() -> nn.Module:
 
 class ClassifierLoggingEveryStep(Classifier):
     def training_step(self, batch, batch_idx):
-        losses, preds, targets = self._shared_step(batch)
-        self.train_loss(losses)
-        self.train_acc(preds, targets)
-        self.log("train/loss", self.train_loss, on_step=False, on_epoch=True)
-        self.log("train/acc", self.train_acc, on_step=False, on_epoch=True)
-        return losses.mean()
+        outputs = self.shared_step("train", batch)
+        for name in ("train/loss", "train/acc"):
+            self.log(name, self.epoch_metrics[name], on_step=False, on_epoch=True)
+        return outputs["loss"]
 
     def on_train_epoch_end(self) -> None:
         pass  # logged in the steps

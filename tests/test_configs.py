@@ -85,7 +85,9 @@ def test_model_and_data_build_from_config(
 ) -> None:
     cfg = compose_config(*with_data_path([f"model={model}", f"data={data}"], image_folder))
     if data == "sequences" and model in ("cnn", "timm"):  # nets that read images only
-        with pytest.raises(UserError, match=f"^model={model} reads images, .* model=lstm"):
+        with pytest.raises(
+            UserError, match=f"refused its values: model={model} reads images, .* model=lstm"
+        ):
             build(cfg.model, "model")
         return
     datamodule = instantiate(cfg.data, _convert_="all")

@@ -3,22 +3,17 @@
     python -m kindling.export ckpt_path=<file> [output=<path without suffix>]
         [format=both | onnx | torch_export] [tolerance=1e-4] [samples=8]
 
-Writes `<output>.onnx` (the dynamo exporter, opset 18+; run it with onnxruntime),
-`<output>.pt2` (`torch.export.save`; `torch.export.load(path).module()` runs it) and
-`<output>.json`, the facts a consumer needs, also stored in the files (the ONNX model's
-metadata_props; the .pt2 archive's `extra_files["kindling.json"]`): class names, input shape,
-the normalisation to apply and the dynamic dimensions. The exported model takes what the
-checkpoint's module takes and returns logits `(B, num_classes)`: float32 images
-`(B, C, H, W)`, each channel standardised as `(pixel / 255 - mean) / std`; or, from a
-`data=sequences` checkpoint, float32 steps `(B, T, F)` standardised per feature as
-`(value - mean) / std` (a missing value: 0), zero-padded after each sequence's end, and int64
-`lengths` `(B,)`, the batch and the length dynamic.
+Writes `<output>.onnx` (the dynamo exporter; run it with onnxruntime), `<output>.pt2`
+(`torch.export.load(path).module()` runs it) and `<output>.json`, also stored in both files (ONNX
+metadata_props; the archive's `extra_files["kindling.json"]`): what a consumer needs, the class
+names, the inputs, their normalisation and dynamic dimensions. The exported model returns logits
+`(B, num_classes)` of float32 images `(B, C, H, W)` standardised per channel as
+`(pixel / 255 - mean) / std`, or (a `data=sequences` checkpoint) of float32 steps `(B, T, F)`
+standardised per feature, zero-padded after each end, and int64 `lengths` `(B,)`.
 
-Each exported file is then run (onnxruntime for ONNX) on `samples` random inputs, standardised
-with the checkpoint's statistics, and on a batch of another size (sequences: of random lengths,
-padded to another length); the largest absolute difference from the checkpoint's logits is
-printed. Beyond `tolerance` the file is deleted and the command fails with one line. `output`
-defaults to the checkpoint's path less `.ckpt`.
+Each file is then run on `samples` random inputs and on a batch of another size (sequences: of
+random lengths, padded to another length); beyond `tolerance` from the checkpoint's logits it is
+deleted and the command fails in one line. `output` defaults to the checkpoint's path less .ckpt.
 """
 
 import copy
@@ -146,45 +141,27 @@ Inputs = tuple[torch.Tensor, ...]  # what the module takes: (images,) or (steps,
 
 
 def sample_inputs(facts: dict[str, Any], count: int, seed: int) -> list[Inputs]:
-    """Random inputs standardised as in training: a batch of `count`, and one of another size
-    (`count // 2 + 1`), so the dynamic batch dimension is checked too. Sequences have random
-    lengths from 1 to the longest the model was trained on, the second batch padded to about
-    half that: the dynamic length, and padding, are checked too."""
+    """Random inputs standardised as in training, in a batch of `count` and one of another size
+    (the dynamic batch checked too). Sequences have random lengths up to the longest the model
+    was trained on, the second batch padded to about half that (the dynamic length checked too),
+    values drawn around the training statistics, zero-padded after each end."""
     generator = torch.Generator().manual_seed(seed)
-    if facts["input"] == "sequences":
-        return [
-            random_sequences(facts, size, longest, generator)
-            for size, longest in ((count, longest_sequence(facts)),
-                                  (count // 2 + 1, (longest_sequence(facts) + 1) // 2))
-        ]  # fmt: skip
-    shape = facts["input_shape"][1:]
-    mean = torch.tensor(facts["mean"]).view(1, -1, 1, 1)
-    std = torch.tensor(facts["std"]).view(1, -1, 1, 1)
-    batches = []
-    for size in (count, count // 2 + 1):
-        pixels = torch.randint(0, 256, (size, *shape), generator=generator, dtype=torch.uint8)
-        batches.append((to_model_input(pixels, mean, std),))
-    return batches
-
-
-def longest_sequence(facts: dict[str, Any]) -> int:
-    # A checkpoint's data config holds the table's longest sequence; 64 where it has none.
-    return facts.get("longest_trained") or facts.get("max_length") or 64
-
-
-def random_sequences(
-    facts: dict[str, Any], size: int, longest: int, generator: torch.Generator
-) -> Inputs:
-    """`size` sequences of lengths 1 to `longest` (the first that long, the last 1 step),
-    values drawn around the training statistics and standardised by the facts' formula,
-    zero-padded after each end."""
     mean, std = torch.tensor(facts["mean"]), torch.tensor(facts["std"])
-    lengths = torch.randint(1, longest + 1, (size,), generator=generator)
-    lengths[0], lengths[-1] = longest, 1
-    values = mean + std * torch.randn(size, longest, len(mean), generator=generator)
-    steps = (values - mean) / std
-    steps[torch.arange(longest)[None, :] >= lengths[:, None]] = 0.0
-    return steps, lengths
+    # A checkpoint's data config holds the table's longest sequence; 64 where it has none.
+    longest = facts.get("longest_trained") or facts.get("max_length") or 64
+    batches: list[Inputs] = []
+    for size, length in ((count, longest), (count // 2 + 1, (longest + 1) // 2)):
+        if facts["input"] != "sequences":
+            shape = (size, *facts["input_shape"][1:])
+            pixels = torch.randint(0, 256, shape, generator=generator, dtype=torch.uint8)
+            batches.append((to_model_input(pixels, mean.view(1, -1, 1, 1), std.view(1, -1, 1, 1)),))
+            continue
+        lengths = torch.randint(1, length + 1, (size,), generator=generator)
+        lengths[0], lengths[-1] = length, 1  # the first as long as the batch, the last 1 step
+        steps = torch.randn(size, length, len(mean), generator=generator)  # (x - mean) / std
+        steps[torch.arange(length)[None, :] >= lengths[:, None]] = 0.0
+        batches.append((steps, lengths))
+    return batches
 
 
 def describe(example: Inputs) -> str:
@@ -276,19 +253,21 @@ def run_checked(run: "Runner", inputs: Inputs, name: str, path: Path) -> torch.T
         return run(inputs)
     except Exception as error:
         path.unlink()
-        reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
         raise UserError(
-            f"The {name} export fails on a batch of {describe(inputs)}: {reason[:300]}. "
+            f"The {name} export fails on a batch of {describe(inputs)}: {first_line(error)}. "
             f"{path} deleted."
         ) from error
 
 
 def cannot_export(exporter: str, family: str, error: Exception) -> UserError:
-    reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
     return UserError(
-        f"{exporter} cannot export this {family}: {reason[:300]}. Export with the other "
+        f"{exporter} cannot export this {family}: {first_line(error)}. Export with the other "
         "format (format=onnx or format=torch_export) or use the checkpoint."
     )
+
+
+def first_line(error: Exception) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
 
 
 EXPORTERS = {"onnx": export_onnx, "torch_export": export_program}

@@ -71,14 +71,10 @@ class Report:
     configurations: list[Configuration]  # best first
 
     @property
-    def test_metrics(self) -> list[str]:
-        return sorted(
-            {name for job in self.jobs for name in job.metrics if name.startswith("test/")}
-        )
-
-    @property
     def metrics(self) -> list[str]:
-        return [self.metric, *self.test_metrics] if self.metric else self.test_metrics
+        """The optimized metric, then every test metric."""
+        tests = sorted({name for job in self.jobs for name in job.metrics if name[:5] == "test/"})
+        return [self.metric, *tests] if self.metric else tests
 
 
 def override_key(override: str) -> str:
@@ -163,11 +159,11 @@ def build_report(sweep_dir: str | Path, *more_sweep_dirs: str | Path) -> Report:
 
 def varying(overrides: Sequence[Sequence[str]]) -> set[str]:
     """The override keys whose values differ between the given override lists."""
-    seen: dict[str, set[str | None]] = {}
     keys = {override_key(o) for os in overrides for o in os}
-    for key in keys:
-        seen[key] = {next((o for o in os if override_key(o) == key), None) for os in overrides}
-    return {key for key, values in seen.items() if len(values) > 1}
+    values = {
+        k: {next((o for o in os if override_key(o) == k), None) for os in overrides} for k in keys
+    }
+    return {key for key in keys if len(values[key]) > 1}
 
 
 def label(overrides: Sequence[str], shown: set[str]) -> str:
@@ -177,16 +173,13 @@ def label(overrides: Sequence[str], shown: set[str]) -> str:
 
 def summary(values: list[float]) -> tuple[float | None, float | None]:
     """Mean and sample standard deviation (None for fewer than two values)."""
-    if not values:
-        return None, None
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
+    std = statistics.stdev(values) if len(values) > 1 else None
+    return (statistics.fmean(values) if values else None), std
 
 
 def number(value: float | None) -> str:
     """Four decimals, as accuracies and losses need; large values (perplexity) with fewer."""
-    if value is None:
-        return ""
-    return f"{value:.4f}" if abs(value) < 100 else f"{value:.4g}"
+    return "" if value is None else f"{value:.4f}" if abs(value) < 100 else f"{value:.4g}"
 
 
 def job_rows(report: Report) -> list[dict[str, Any]]:
@@ -274,8 +267,6 @@ def markdown(report: Report) -> str:
 
 
 def mean_and_std(mean: float | None, std: float | None) -> str:
-    if mean is None:
-        return ""
     return number(mean) if std is None else f"{number(mean)} ± {number(std)}"
 
 

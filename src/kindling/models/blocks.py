@@ -8,7 +8,7 @@ from torch import nn
 
 
 def image_to_sequence(images: torch.Tensor) -> torch.Tensor:
-    """Read a batch of images `(B, C, H, W)` as sequences `(B, H, C*W)`: one time step per row."""
+    """Images `(B, C, H, W)` as sequences `(B, H, C*W)`: one time step per row."""
     batch, channels, height, width = images.shape
     return images.permute(0, 2, 1, 3).reshape(batch, height, channels * width)
 

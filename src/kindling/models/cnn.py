@@ -6,13 +6,11 @@ from itertools import pairwise
 import torch
 from torch import nn
 
-from kindling.config.errors import UserError
-
 
 def require_images(image_shape: Sequence[int] | None, option: str) -> None:
     """Refuse, in one line, a data set without images for a net that reads only images."""
     if image_shape is None:
-        raise UserError(
+        raise ValueError(
             f"model={option} reads images, and this data set has none (no data.image_shape). "
             "For sequences choose model=lstm, gru, rnn, transformer or temporal_conv."
         )
@@ -34,11 +32,8 @@ def conv_block(in_channels: int, out_channels: int, dropout: float) -> nn.Sequen
 
 
 class CNNClassifier(nn.Module):
-    """Conv blocks (one per entry of `channels`), global average pooling and a linear head.
-
-    Takes images `(B, C, H, W)` with `image_shape = (C, H, W)`; returns logits `(B, num_classes)`.
-    Any image size works: global pooling makes the head independent of H and W.
-    """
+    """Conv blocks (one per entry of `channels`), global average pooling, a linear head: images
+    `(B, C, H, W)` of any size (`image_shape = (C, H, W)`) to logits `(B, num_classes)`."""
 
     def __init__(
         self,

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from kindling.models.blocks import TransformerBlock
-from kindling.models.recurrent import GRUClassifier, LSTMClassifier, RNNClassifier
+from kindling.models.recurrent import rnn_layers
 
 State = Any  # what forward_with_state hands back to itself; opaque to callers
 
@@ -35,14 +35,7 @@ class RecurrentLanguageModel(nn.Module):
     ):
         super().__init__()
         self.embedding = nn.Embedding(vocab_size, embedding_dim)
-        self.rnn = self.cell(
-            embedding_dim,
-            hidden_size,
-            num_layers=num_layers,
-            # nn.RNNBase applies dropout between layers only, and warns when there is one layer.
-            dropout=dropout if num_layers > 1 else 0.0,
-            batch_first=True,
-        )
+        self.rnn = rnn_layers(self.cell, embedding_dim, hidden_size, num_layers, dropout)
         self.dropout = nn.Dropout(dropout)
         self.head = nn.Linear(hidden_size, vocab_size)
 
@@ -57,35 +50,24 @@ class RecurrentLanguageModel(nn.Module):
         return self.head(self.dropout(outputs)), state
 
 
-# The cells of the recurrent classifiers: one place says which torch module each family uses.
 class RNNLanguageModel(RecurrentLanguageModel):
-    cell = RNNClassifier.cell
+    cell = nn.RNN
 
 
 class LSTMLanguageModel(RecurrentLanguageModel):
-    cell = LSTMClassifier.cell
+    cell = nn.LSTM
 
 
 class GRULanguageModel(RecurrentLanguageModel):
-    cell = GRUClassifier.cell
+    cell = nn.GRU
 
 
 class TransformerLanguageModel(nn.Module):
-    """Decoder-only Transformer: token and learned position embeddings, causal pre-norm blocks,
-    a final LayerNorm and an output head that shares its weights with the token embedding.
-
+    """Decoder-only Transformer: token and learned position embeddings (`context_length` of
+    them), causal pre-norm blocks, a final LayerNorm, an output head tied to the token embedding.
     From a CPU test size to GPT-2-small's body (`d_model=768, num_layers=12, num_heads=12`,
-    about 86M parameters with a context of 1,024).
-
-    Args:
-        vocab_size: number of token ids.
-        context_length: the longest input; the number of learned positions.
-        d_model: width of the residual stream.
-        num_layers: number of Transformer blocks.
-        num_heads: attention heads per block (`d_model` must divide by it).
-        mlp_ratio: hidden width of each block's MLP, as a multiple of `d_model`.
-        dropout: on embeddings, attention weights and residual branches.
-    """
+    about 86M parameters with a context of 1,024). `dropout`: on embeddings, attention weights
+    and residual branches."""
 
     def __init__(
         self,

@@ -11,15 +11,22 @@ from torch.nn.utils.rnn import pack_padded_sequence
 from kindling.models.blocks import as_steps, step_features
 
 
-class RecurrentClassifier(nn.Module):
-    """A stack of `nn.RNN` / `nn.LSTM` / `nn.GRU` layers and a linear head on the last hidden state.
+def rnn_layers(
+    cell: type[nn.RNNBase], input_size: int, hidden_size: int, num_layers: int, dropout: float,
+    bidirectional: bool = False,
+) -> nn.RNNBase:  # fmt: skip
+    """`num_layers` batch-first layers of `cell`, `dropout` between them."""
+    # nn.RNNBase applies dropout between layers only, and warns when there is one layer.
+    dropout = dropout if num_layers > 1 else 0.0
+    return cell(input_size, hidden_size, num_layers, batch_first=True, dropout=dropout,
+                bidirectional=bidirectional)  # fmt: skip
 
-    Takes images `(B, C, H, W)` (read as sequences `(B, H, C*W)`; give `image_shape`) or padded
-    sequences `(B, T, F)` with their `lengths` (give `num_features`); returns `(B, num_classes)`.
-    Sequences are packed, so the last hidden state is each one's last real step (and, when
-    bidirectional, the backward direction's state after reading back to its first step): padding
-    never enters the recurrence. Subclasses choose the cell.
-    """
+
+class RecurrentClassifier(nn.Module):
+    """`nn.RNN` / `nn.LSTM` / `nn.GRU` layers (the subclass's `cell`), a linear head on the last
+    hidden state: images `(B, C, H, W)` read row by row (give `image_shape`), or padded sequences
+    `(B, T, F)` and `lengths` (give `num_features`, packed: padding never enters the recurrence),
+    to `(B, num_classes)`."""
 
     cell: ClassVar[type[nn.RNNBase]]
 
@@ -34,15 +41,8 @@ class RecurrentClassifier(nn.Module):
         num_features: int | None = None,
     ):
         super().__init__()
-        self.rnn = self.cell(
-            step_features(image_shape, num_features),
-            hidden_size,
-            num_layers=num_layers,
-            # nn.RNNBase applies dropout between layers only, and warns when there is one layer.
-            dropout=dropout if num_layers > 1 else 0.0,
-            bidirectional=bidirectional,
-            batch_first=True,
-        )
+        features = step_features(image_shape, num_features)
+        self.rnn = rnn_layers(self.cell, features, hidden_size, num_layers, dropout, bidirectional)
         directions = 2 if bidirectional else 1
         self.head = nn.Sequential(
             nn.Dropout(dropout), nn.Linear(directions * hidden_size, num_classes)
@@ -70,16 +70,14 @@ class RecurrentClassifier(nn.Module):
 
 
 class UnpackedRecurrent(nn.Module):
-    """A `RecurrentClassifier` on padded sequences `(B, T, F)` and `lengths` `(B,)` without
-    packing: the packed net's logits (to float rounding), in a graph that torch.export and the
-    ONNX exporter trace with the length dynamic. Eval only (no dropout between layers).
+    """A `RecurrentClassifier` on padded sequences and `lengths` without packing: the same logits
+    in a graph that torch.export and ONNX trace with a dynamic length. Eval only.
 
-    Each layer and direction runs over the whole padded length in a `torch.while_loop` (the cell
-    written out: `nn.RNN`'s own kernels unroll the steps when traced, fixing the length), and
-    each sequence's last real step is read by index. Padding comes after each sequence's end,
-    so the forward direction's states at real steps never see it. The backward direction reads
-    each sequence reversed within its length (padding stays at the end), so it too starts at the
-    last real step; its outputs are put back in order for the next layer.
+    Each layer and direction runs over the padded length in a `torch.while_loop` (`nn.RNN`'s own
+    kernels unroll the steps when traced, fixing the length); each sequence's last real step is
+    read by index. Padding comes after each end, so forward states at real steps never see it;
+    the backward direction reads each sequence reversed within its length, and its outputs are
+    put back in order for the next layer.
     """
 
     def __init__(self, net: RecurrentClassifier):
@@ -122,9 +120,8 @@ def _recurrence(
     bias_ih: torch.Tensor | None,
     bias_hh: torch.Tensor | None,
 ) -> torch.Tensor:
-    """One layer and direction of a `cell` (lstm, gru, tanh or relu: nn.RNN's nonlinearity)
-    over `inputs` `(B, T, F)` from zero states: the hidden state after each step,
-    `(B, T, hidden)`."""
+    """One layer and direction of a `cell` (lstm, gru, tanh or relu) over `inputs` `(B, T, F)`
+    from zero states: the hidden state after each step, `(B, T, hidden)`."""
     batch, length, _ = inputs.shape
     hidden_size = weight_hh.shape[1]
     gates = F.linear(inputs, weight_ih, bias_ih)  # every step's input part at once

@@ -28,8 +28,7 @@ class MaskedBatchNorm(nn.BatchNorm1d):
 
 
 class ConvBlock(nn.Module):
-    """Conv1d (zero-padded to keep the length; no bias: the norm has one), masked batch norm,
-    ReLU."""
+    """Conv1d (zero-padded to keep the length; no bias: the norm has one), batch norm, ReLU."""
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int):
         super().__init__()
@@ -46,13 +45,8 @@ class ConvBlock(nn.Module):
 
 
 class TemporalConvClassifier(nn.Module):
-    """The fully convolutional network of Wang et al. (2017), the standard baseline of time-series
-    classification: conv blocks (one per entry of `channels`, with `kernel_sizes`), global average
-    pooling over the real steps, a linear head.
-
-    Takes images `(B, C, H, W)` (rows as steps; give `image_shape`) or padded sequences
-    `(B, T, F)` with their `lengths` (give `num_features`); returns `(B, num_classes)`.
-    """
+    """Wang et al.'s (2017) fully convolutional network: conv blocks (`channels`, `kernel_sizes`),
+    average pooling over the real steps, a linear head. Inputs as the RecurrentClassifier's."""
 
     def __init__(
         self,

@@ -17,12 +17,8 @@ from kindling.models.blocks import (
 
 class TransformerClassifier(nn.Module):
     """Step tokens, learned positions, pre-norm encoder blocks, class-token or mean pooling.
-
-    Takes images `(B, C, H, W)` (`H` tokens of `C*W` features; give `image_shape`) or padded
-    sequences `(B, T, F)` with their `lengths` (give `num_features` and `max_length`, the longest
-    sequence it will see); returns `(B, num_classes)`. With lengths, no token attends to padding
-    and mean pooling averages real steps only.
-    """
+    Inputs as the RecurrentClassifier's (sequences also need `max_length`, the longest it will
+    see); no token attends to padding, and mean pooling averages real steps only."""
 
     def __init__(
         self,
@@ -38,7 +34,7 @@ class TransformerClassifier(nn.Module):
         max_length: int | None = None,
     ):
         super().__init__()
-        if pooling not in ("cls", "mean"):
+        if pooling not in ("cls", "mean"):  # the Literal hint, for a caller outside the config
             raise ValueError(f"pooling must be 'cls' or 'mean', got {pooling!r}")
         features = step_features(image_shape, num_features)
         if image_shape is not None:

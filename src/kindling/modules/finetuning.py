@@ -1,8 +1,6 @@
 """Fine-tuning a pretrained net: its backbone and head apart, a lower backbone learning rate,
 a backbone frozen for the first epochs."""
 
-from collections.abc import Iterator
-
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
@@ -38,20 +36,15 @@ def parameter_groups(net: nn.Module, backbone_lr_ratio: float) -> list[dict]:
     ]
 
 
-def backbone_norm_layers(net: nn.Module) -> Iterator[_BatchNorm]:
-    head_layers = {id(m) for m in net.head.modules()}
-    for module in net.modules():
-        if isinstance(module, _BatchNorm) and id(module) not in head_layers:
-            yield module
-
-
 def hold_backbone(net: nn.Module, frozen: bool) -> None:
     """A frozen backbone's batch norms keep their statistics (eval mode) for this epoch; once
     it learns, they are back in training mode (Lightning restores the modes each module had
     before validation, so an eval mode set here would outlast the frozen epochs)."""
     backbone_and_head(net)  # a net without a head is refused in one line
-    for layer in backbone_norm_layers(net):
-        layer.train(not frozen)
+    head_layers = set(net.head.modules())
+    for layer in net.modules():
+        if isinstance(layer, _BatchNorm) and layer not in head_layers:
+            layer.train(not frozen)
 
 
 def drop_backbone_gradients(net: nn.Module) -> None:

@@ -3,19 +3,16 @@
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-import lightning as L
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.loggers import TensorBoardLogger
 from torch import nn
-from torchmetrics import Metric
 
 from kindling.config.errors import UserError
 from kindling.data.text import Vocabulary
-from kindling.modules.metrics import log_epoch_metrics, running_mean
-from kindling.modules.optimization import OptimizerFactory, SchedulerFactory, configure_optimizers
+from kindling.modules.base import BaseModule, OptimizerFactory, SchedulerFactory
 
 NetFactory = Callable[..., nn.Module]  # takes vocab_size=
 Batch = tuple[torch.Tensor, torch.Tensor]  # input ids (B, T), target ids (B, T)
@@ -34,37 +31,20 @@ def full_parameters(model: nn.Module) -> AbstractContextManager:
     return nullcontext()
 
 
-class LanguageModel(L.LightningModule):
+class LanguageModel(BaseModule):
     """Next-token cross-entropy over every position, perplexity, and text samples while training.
 
-    Logs `train/loss`, `val/loss`, `test/loss` (mean cross-entropy per token, torchmetrics
-    objects updated each step and logged once per epoch) and `val/ppl`, `test/ppl` (their exp).
-    At the end of each validation epoch it samples `sample_length` characters after
+    Logs `<stage>/loss` (mean cross-entropy per token) and `val/ppl`, `test/ppl` (its exp).
+    After each validation epoch it samples `sample_length` characters (0: none) after
     `sample_prompt` (every rank, with the whole model: under FSDP its shards are gathered), prints
-    them (rank 0), appends them to `samples.txt` in the run folder and sends them to TensorBoard
-    when that logger is on.
+    them (rank 0), appends them to `samples.txt` in the run folder and to TensorBoard when that
+    logger is on. `sample_seed` is the same every epoch: samples differ only as the model does,
+    and never touch the training random state.
 
-    The net is built once the vocabulary is known (`configure_model`, from the data module's
-    `vocabulary`), so its size never has to be written in a config. The vocabulary is kept as a
-    buffer: a checkpoint's state_dict alone rebuilds the net (`load_state_dict`) and decodes its
-    samples.
-
-    Args:
-        net: a factory taking `vocab_size` (a Hydra `_partial_: true` config), e.g.
-            `kindling.models.language_models.LSTMLanguageModel`.
-        optimizer: a factory taking `params`.
-        scheduler: an optional factory taking `optimizer`, and `total_steps` (the run's
-            optimizer steps) if it has that argument, e.g.
-            `kindling.modules.optimization.warmup_cosine`.
-        scheduler_interval: step the scheduler every `"epoch"` or every `"step"`.
-        compile: compile the net with `torch.compile` when it is built for training.
-        compile_mode: `torch.compile` mode (`default`, `reduce-overhead`, `max-autotune`).
-        sample_prompt: text the samples start from.
-        sample_length: characters per sample; 0 turns sampling off.
-        sample_temperature: softmax temperature (0: always the most likely character).
-        sample_top_k: sample among the k most likely characters only (null: all).
-        sample_seed: seed of the samples; the same every epoch, so they differ only as the
-            model does, and sampling never touches the training random state.
+    `net` is a factory taking `vocab_size` (a `_partial_: true` config), called once the data
+    module's `vocabulary` is known (`configure_model`): no config writes its size. The vocabulary
+    is a buffer: a checkpoint's state_dict alone rebuilds the net and decodes its samples.
+    The other arguments are the Classifier's (the net is compiled when it is built).
     """
 
     def __init__(
@@ -72,7 +52,7 @@ class LanguageModel(L.LightningModule):
         net: NetFactory,
         optimizer: OptimizerFactory,
         scheduler: SchedulerFactory | None = None,
-        scheduler_interval: str = "epoch",
+        scheduler_interval: Literal["epoch", "step"] = "epoch",
         compile: bool = False,
         compile_mode: str | None = None,
         sample_prompt: str = "\n",
@@ -81,21 +61,13 @@ class LanguageModel(L.LightningModule):
         sample_top_k: int | None = None,
         sample_seed: int = 0,
     ):
-        super().__init__()
+        super().__init__(optimizer, scheduler, scheduler_interval)
         # Only plain values go into checkpoints; the net, optimizer and scheduler come from config.
         self.save_hyperparameters(ignore=["net", "optimizer", "scheduler"], logger=False)
         self.net_factory = net
-        self.optimizer_factory = optimizer
-        self.scheduler_factory = scheduler
         self.net: nn.Module | None = None
         # The characters behind the ids, as code points; empty until `build`.
         self.register_buffer("vocabulary_codepoints", torch.empty(0, dtype=torch.long))
-
-        # Mean cross-entropy per token; perplexity is its exponential (no second softmax pass).
-        self.train_loss, self.val_loss, self.test_loss = (running_mean() for _ in range(3))
-
-    # ----------------------------------------------------------------------------------------
-    # Building the net for a vocabulary
 
     def build(self, vocabulary: Vocabulary) -> None:
         """Create the net for `vocabulary`: its size sets the embedding and output layers."""
@@ -138,47 +110,29 @@ class LanguageModel(L.LightningModule):
                 )
         return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
-    # ----------------------------------------------------------------------------------------
-    # Training, validation, test
-
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         if self.net is None:
             raise RuntimeError("the net is not built yet: call build() or load a checkpoint")
         return self.net(tokens)
 
-    def _token_losses(self, batch: Batch) -> torch.Tensor:
-        """Each token's loss: the epoch metrics average tokens, not batches."""
+    def shared_step(self, stage: str, batch: Batch) -> dict[str, torch.Tensor]:
         tokens, targets = batch
         logits = self(tokens)
-        return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none")
+        # Each token's loss: the epoch metrics average tokens, not batches.
+        losses = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none")
+        self.epoch_metrics[f"{stage}/loss"].update(losses)
+        return {"loss": losses.mean()}
 
-    def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
-        losses = self._token_losses(batch)
-        self.train_loss.update(losses)
-        return losses.mean()
-
-    def on_train_epoch_end(self) -> None:
-        log_epoch_metrics(self, {"train/loss": self.train_loss})
-
-    def validation_step(self, batch: Batch, batch_idx: int) -> None:
-        losses = self._token_losses(batch)
-        self.val_loss.update(losses)
-
-    def test_step(self, batch: Batch, batch_idx: int) -> None:
-        losses = self._token_losses(batch)
-        self.test_loss.update(losses)
-
-    def on_test_epoch_end(self) -> None:
-        self._log_loss_and_perplexity("test", self.test_loss, prog_bar=False)
-
-    def _log_loss_and_perplexity(self, stage: str, loss: Metric, prog_bar: bool) -> None:
-        # compute() is reduced across processes (and cached until Lightning resets the metric);
-        # sync_dist averages the same value over ranks, as Lightning wants for epoch values.
-        self.log(f"{stage}/ppl", loss.compute().exp(), prog_bar=prog_bar, sync_dist=True)
-        log_epoch_metrics(self, {f"{stage}/loss": loss}, prog_bar=prog_bar)
+    def log_epoch(self, stage: str, prog_bar: bool = True) -> None:
+        # Perplexity is the loss's exp (no second softmax pass). compute() is reduced across
+        # processes (and cached until Lightning resets the metric).
+        loss = self.epoch_metrics[f"{stage}/loss"].compute()
+        if stage != "train":
+            self.log(f"{stage}/ppl", loss.exp(), prog_bar=prog_bar, sync_dist=True)
+        super().log_epoch(stage, prog_bar)
 
     def on_validation_epoch_end(self) -> None:
-        self._log_loss_and_perplexity("val", self.val_loss, prog_bar=True)
+        super().on_validation_epoch_end()
         if self.hparams.sample_length <= 0:
             return
         # Every rank samples, the same text: under FSDP the weights are gathered from all ranks
@@ -209,9 +163,6 @@ class LanguageModel(L.LightningModule):
                 # TensorBoard reads text as Markdown: indent it into a code block to keep lines.
                 block = "\n".join("    " + line for line in text.split("\n"))
                 logger.experiment.add_text("samples", block, self.global_step)
-
-    # ----------------------------------------------------------------------------------------
-    # Sampling
 
     @torch.no_grad()
     def generate(
@@ -269,14 +220,3 @@ class LanguageModel(L.LightningModule):
         generator = torch.Generator(device=self.device).manual_seed(seed)
         new_ids = self.generate(prompt_ids[None], length, temperature, top_k, generator)
         return prompt + vocabulary.decode(new_ids[0])
-
-    # ----------------------------------------------------------------------------------------
-
-    def configure_optimizers(self) -> dict[str, Any]:
-        return configure_optimizers(
-            self.optimizer_factory,
-            self.scheduler_factory,
-            self.trainer.model.parameters(),
-            self.trainer,
-            interval=self.hparams.scheduler_interval,
-        )

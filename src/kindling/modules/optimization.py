@@ -1,15 +1,11 @@
-"""Optimizer and scheduler from the `_partial_` factories a model config gives a module.
-
-A scheduler factory with a `total_steps` argument (`warmup_cosine` below, torch's `OneCycleLR`)
-gets the run's length in optimizer steps from the Trainer, so the schedule ends where the run
-does whether it is counted in epochs or in steps. Any other torch scheduler gets the optimizer
-alone (`ReduceLROnPlateau`, `StepLR`, ...).
-"""
+"""Learning-rate schedules. A scheduler factory with a `total_steps` argument (`warmup_cosine`,
+torch's `OneCycleLR`) gets the run's length in optimizer steps from the Trainer, so the schedule
+ends where the run does, counted in epochs or in steps; any other gets the optimizer alone."""
 
 import functools
 import inspect
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import lightning as L
@@ -18,9 +14,6 @@ from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 
 from kindling.config.errors import UserError
 
-OptimizerFactory = Callable[..., torch.optim.Optimizer]
-SchedulerFactory = Callable[..., LRScheduler]
-
 
 def warmup_cosine(
     optimizer: torch.optim.Optimizer,
@@ -28,14 +21,10 @@ def warmup_cosine(
     warmup_ratio: float = 0.0,
     min_lr_ratio: float = 0.0,
 ) -> LambdaLR:
-    """The learning rate rises linearly over the first `warmup_ratio` of the `total_steps`,
-    then follows half a cosine down to `min_lr_ratio` times its peak at the last step, as
-    nanoGPT's `get_lr` (its 100 warmup steps of 2,000 are `warmup_ratio=0.05`).
-
-    Step `s` of `w` warmup steps trains at `lr * (s + 1) / (w + 1)`. The peak is each parameter
-    group's `lr`, so the floor follows `model.optimizer.lr` when it changes. A share rather
-    than a count of warmup steps fits runs of any length, down to `debug=fdr`'s one step.
-    """
+    """A linear rise over the first `warmup_ratio` of the `total_steps` (step `s` of `w` at
+    `lr * (s + 1) / (w + 1)`), then half a cosine down to `min_lr_ratio` times each group's `lr`
+    at the last step, as nanoGPT's `get_lr` (its 100 warmup steps of 2,000: `warmup_ratio=0.05`).
+    A share rather than a count of steps fits runs of any length, down to one step."""
     if not (0.0 <= warmup_ratio < 1.0 and 0.0 <= min_lr_ratio <= 1.0):
         raise UserError(
             f"model.scheduler.warmup_ratio={warmup_ratio} must be in [0, 1) and "
@@ -44,18 +33,11 @@ def warmup_cosine(
         )
     # A partial of a module-level function: LambdaLR saves none of it in checkpoints (only the
     # step count), so a resumed run rebuilds the same curve from its config.
-    factor = functools.partial(
-        _warmup_cosine_factor,
-        total_steps=total_steps,
-        warmup_steps=min(round(warmup_ratio * total_steps), total_steps - 1),
-        min_lr_ratio=min_lr_ratio,
-    )
-    return LambdaLR(optimizer, factor)
+    warmup_steps = min(round(warmup_ratio * total_steps), total_steps - 1)
+    return LambdaLR(optimizer, functools.partial(_factor, total_steps, warmup_steps, min_lr_ratio))
 
 
-def _warmup_cosine_factor(
-    step: int, total_steps: int, warmup_steps: int, min_lr_ratio: float
-) -> float:
+def _factor(total_steps: int, warmup_steps: int, min_lr_ratio: float, step: int) -> float:
     if step < warmup_steps:
         return (step + 1) / (warmup_steps + 1)
     progress = min(1.0, (step - warmup_steps) / (total_steps - warmup_steps))
@@ -68,52 +50,29 @@ def takes_total_steps(factory: Callable[..., Any]) -> bool:
     return parameter is not None and parameter.default in (inspect.Parameter.empty, None)
 
 
-def total_optimizer_steps(trainer: L.Trainer) -> int:
-    """The optimizer steps of the whole run, as the Trainer counts them (max_steps or
-    max_epochs, with limit_train_batches, accumulate_grad_batches and the devices)."""
-    total = trainer.estimated_stepping_batches
-    if not math.isfinite(total) or total < 1:
-        raise UserError(
-            f"The learning-rate schedule (model.scheduler) needs the run's length, and this run "
-            f"has none (trainer.max_steps={trainer.max_steps}, "
-            f"trainer.max_epochs={trainer.max_epochs}). Set trainer.max_steps=<steps> or "
-            "trainer.max_epochs=<epochs>, or train without a schedule: model.scheduler=null."
-        )
-    return int(total)
-
-
-def configure_optimizers(
-    optimizer_factory: OptimizerFactory,
-    scheduler_factory: SchedulerFactory | None,
-    params: Iterable[torch.nn.Parameter] | list[dict[str, Any]],
-    trainer: L.Trainer,
-    interval: str = "epoch",
-    monitor: str = "val/loss",
-) -> dict[str, Any]:
-    """What `LightningModule.configure_optimizers` returns: the optimizer over `params` (or
-    parameter groups; a group's `lr_ratio` scales the learning rate it starts from) and,
-    if there is one, its scheduler stepped every `interval` (`monitor` feeds ReduceLROnPlateau).
-    """
-    optimizer = optimizer_factory(params=params)
-    # A group's `lr_ratio` (the backbone's, kindling.modules.finetuning) scales its `lr` before
-    # a scheduler takes the groups' learning rates as its peaks.
-    for group in optimizer.param_groups:
-        group["lr"] = group["lr"] * group.get("lr_ratio", 1.0)
-    if scheduler_factory is None:
-        return {"optimizer": optimizer}
-    if takes_total_steps(scheduler_factory):
+def lr_scheduler(
+    factory: Callable[..., LRScheduler], optimizer: torch.optim.Optimizer, trainer: L.Trainer,
+    interval: str,
+) -> dict[str, Any]:  # fmt: skip
+    """Lightning's `lr_scheduler` entry: `factory`'s scheduler stepped every `interval`
+    (val/loss feeds ReduceLROnPlateau)."""
+    if takes_total_steps(factory):
         if interval != "step":
             raise UserError(
                 f"model.scheduler counts optimizer steps (total_steps), but "
                 f"model.scheduler_interval={interval} steps it once per epoch. Set "
                 "model.scheduler_interval=step."
             )
-        scheduler = scheduler_factory(
-            optimizer=optimizer, total_steps=total_optimizer_steps(trainer)
-        )
+        # As the Trainer counts them: max_steps or max_epochs, limit_train_batches, accumulation.
+        total = trainer.estimated_stepping_batches
+        if not math.isfinite(total) or total < 1:
+            raise UserError(
+                f"The learning-rate schedule (model.scheduler) needs the run's length, and this "
+                f"run has none (trainer.max_steps={trainer.max_steps}, "
+                f"trainer.max_epochs={trainer.max_epochs}). Set trainer.max_steps=<steps> or "
+                "trainer.max_epochs=<epochs>, or train without a schedule: model.scheduler=null."
+            )
+        scheduler = factory(optimizer=optimizer, total_steps=int(total))
     else:
-        scheduler = scheduler_factory(optimizer=optimizer)
-    return {
-        "optimizer": optimizer,
-        "lr_scheduler": {"scheduler": scheduler, "interval": interval, "monitor": monitor},
-    }
+        scheduler = factory(optimizer=optimizer)
+    return {"scheduler": scheduler, "interval": interval, "monitor": "val/loss"}

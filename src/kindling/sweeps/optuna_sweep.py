@@ -121,28 +121,24 @@ class OptunaSweep:
         pruned_at = study.get_trials(deepcopy=False)[trial.number].user_attrs.get(studies.PRUNED_AT)
         if job.status == JobStatus.FAILED and isinstance(job._return_value, optuna.TrialPruned):
             pruned_at = str(job._return_value)
+        error = None
         if pruned_at is not None:
             self._tell(study, trial, TrialState.PRUNED)
             log.info("Trial %d pruned at validation %s", trial.number, pruned_at)
         elif job.status == JobStatus.FAILED:
             error = f"{type(job._return_value).__name__}: {job._return_value}"
-            studies.set_user_attr(storage, study, trial.number, studies.ERROR, error)
-            self._tell(study, trial, TrialState.FAIL)
-            log.warning("Trial %d failed: %s", trial.number, error)
         else:
             try:
                 value = float(job.return_value)
             except (TypeError, ValueError):
-                value = None
-            if value is None:
                 error = f"the run returned {job.return_value!r}, not a value of {metric}"
-                studies.set_user_attr(storage, study, trial.number, studies.ERROR, error)
-                self._tell(study, trial, TrialState.FAIL)
-                log.warning("Trial %d failed: %s", trial.number, error)
-            else:
-                # state=None: Optuna records a NaN as failed, anything else as complete.
+            else:  # state=None: Optuna records a NaN as failed, anything else as complete
                 self._tell(study, trial, None, value)
                 log.info("Trial %d: %s=%s", trial.number, metric, value)
+        if error is not None:
+            studies.set_user_attr(storage, study, trial.number, studies.ERROR, error)
+            self._tell(study, trial, TrialState.FAIL)
+            log.warning("Trial %d failed: %s", trial.number, error)
         if run_dir is not None:
             frozen = study.get_trials(deepcopy=False)[trial.number]
             write_yaml(Path(run_dir) / TRIAL_FILE, studies.trial_summary(frozen))
@@ -171,13 +167,8 @@ class OptunaSweep:
         best = studies.trial_summary(study.best_trial)
         # Retrain it: the sweep's own overrides, without the search and the launcher (a single
         # run has neither: Hydra refuses their keys), and the best parameters.
-        search = (
-            "hparams_search",
-            "hydra/sweeper",
-            "hydra.sweeper.",
-            "hydra/launcher",
-            "hydra.launcher.",
-        )
+        search = ("hparams_search", "hydra/sweeper", "hydra.sweeper.", "hydra/launcher",
+                  "hydra.launcher.")  # fmt: skip
         kept = [o for o in fixed if not o.lstrip("+~").startswith(search)]
         params = [f"{name}={value}" for name, value in best["params"].items()]
         best["train_command"] = shlex.join(["python", "train.py", *kept, *params])
