@@ -13,7 +13,7 @@ from rich.console import Console
 from kindling.hardware import GIB, collect_device_info, print_device_report
 from kindling.train import run
 
-from conftest import PYTHON, QUIET
+from helpers import PYTHON, QUIET
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 

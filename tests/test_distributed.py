@@ -18,8 +18,8 @@ from kindling.config.instantiate import build
 from kindling.run import hydra_ddp
 from kindling.train import run
 
-from conftest import PYTHON, QUIET, ROOT
-from conftest import train_py as run_train_py
+from helpers import PYTHON, QUIET, ROOT
+from helpers import train_py as run_train_py
 
 TWO_CPUS = ["trainer.accelerator=cpu", "trainer.devices=2"]
 

@@ -20,8 +20,7 @@ from kindling.models.timm_net import TimmClassifier
 from kindling.modules.classifier import Classifier
 from kindling.train import run
 
-from conftest import QUIET
-from test_image_folder import make_folder
+from helpers import QUIET, make_folder
 
 TINY = "test_resnet"  # one of timm's models for tests: 0.4 M parameters
 

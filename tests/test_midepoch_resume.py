@@ -21,7 +21,7 @@ from kindling.data.device_loader import DeviceTensorLoader
 from kindling.data.loaders import ResumableDistributedSampler
 from kindling.train import run
 
-from conftest import ON_GPU, QUIET
+from helpers import ON_GPU, QUIET
 
 # Two epochs of 6 steps; the interrupted run stops at step 9, in the middle of the second.
 SHORT = [

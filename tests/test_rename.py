@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PYTHON, QUIET, ROOT
+from helpers import PYTHON, QUIET, ROOT
 
 SCRIPT = ROOT / "scripts" / "rename_package.py"
 

@@ -13,7 +13,7 @@ from omegaconf import open_dict
 
 import kindling.train
 
-from conftest import QUIET, compose_in, train_py
+from helpers import QUIET, compose_in, train_py
 
 # Short epochs; the net's shapes differ from the default's (channels [32, 64]).
 SMALL = ["trainer=cpu", "trainer.limit_train_batches=4", "trainer.limit_val_batches=2", *QUIET]

@@ -15,7 +15,7 @@ from omegaconf import DictConfig, open_dict
 from kindling.config.errors import UserError
 from kindling.modules.optimization import takes_total_steps, warmup_cosine
 
-from conftest import CONFIG_DIR, options
+from helpers import CONFIG_DIR, options
 
 LM_MODELS = sorted(f"lm/{p.stem}" for p in (CONFIG_DIR / "model" / "lm").glob("*.yaml"))
 
