@@ -17,9 +17,11 @@ does (the `compose_config` fixture calls it with tmp_path); `prepare_cfg(*overri
 Results: `read_metrics(run_dir)` reads a run's `csv/metrics.csv`, `read_csv(path)` any CSV file;
 `copy_run(trained_run, folder)` copies the shared trained run to resume or damage.
 
-Data: `pattern_rows` and `write_table` make a sequence table, `data_module` sets one up;
-`make_folder` writes a folder of images, `datamodule` reads one; `TINY_CORPUS` and
-`tiny_experiment` train a language model in seconds.
+Trainers: `quiet_trainer(**settings)` for a test's own Trainer.
+
+Data: `digits` sets up scikit-learn's digits; `pattern_rows` and `write_table` make a sequence
+table, `data_module` sets one up; `make_folder` writes a folder of images, `datamodule` reads
+one; `TINY_CORPUS` and `tiny_experiment` train a language model in seconds.
 
 `ON_GPU` marks a test, or a parameter, `gpu` and skips it without CUDA.
 """
@@ -35,6 +37,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import lightning as L
 import numpy as np
 import pyarrow as pa
 import pyarrow.csv
@@ -48,6 +51,7 @@ from omegaconf import DictConfig, open_dict
 from PIL import Image
 
 import kindling.train  # noqa: F401 - registers the resolvers the configs use
+from kindling.data.digits import DigitsDataModule
 from kindling.data.image_folder import ImageFolderDataModule
 from kindling.data.sequences import SequenceTableDataModule
 
@@ -182,6 +186,25 @@ def read_csv(path: Path) -> list[dict[str, str]]:
 def read_metrics(run_dir: Path) -> list[dict[str, str]]:
     """The rows of a run's `csv/metrics.csv`."""
     return read_csv(run_dir / "csv" / "metrics.csv")
+
+
+def quiet_trainer(**settings: object) -> L.Trainer:
+    """A CPU Trainer that logs, checkpoints, draws and summarises nothing unless `settings` say."""
+    quiet = {"accelerator": "cpu", "logger": False, "enable_checkpointing": False,
+             "enable_progress_bar": False, "enable_model_summary": False}  # fmt: skip
+    return L.Trainer(**{**quiet, **settings})
+
+
+# Scikit-learn's digits (data=digits)
+
+
+def digits(folder: Path, accelerator: str = "cpu", **kwargs) -> DigitsDataModule:
+    """The digits (10 classes of 1x8x8 images) in batches of 100 unless `batch_size` says, set
+    up under a one-device Trainer of `accelerator` (which decides where on-device data lives)."""
+    dm = DigitsDataModule(str(folder), 10, [1, 8, 8], **{"batch_size": 100, **kwargs})
+    dm.trainer = L.Trainer(accelerator=accelerator, devices=1, logger=False, barebones=True)
+    dm.setup()
+    return dm
 
 
 # A sequence table (data=sequences)

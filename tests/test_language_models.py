@@ -8,7 +8,6 @@ from collections import Counter
 from pathlib import Path
 
 import hydra
-import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
@@ -31,7 +30,16 @@ from kindling.models.language_models import (
 from kindling.modules.language_model import LanguageModel
 from kindling.train import run
 
-from helpers import PYTHON, QUIET, TINY_CORPUS, error_lines, read_metrics, tiny_experiment, train_py
+from helpers import (
+    PYTHON,
+    QUIET,
+    TINY_CORPUS,
+    error_lines,
+    quiet_trainer,
+    read_metrics,
+    tiny_experiment,
+    train_py,
+)
 
 FAMILIES = ["rnn", "lstm", "transformer"]
 
@@ -142,15 +150,7 @@ def make_module(family: str, **kwargs) -> LanguageModel:
 def fit(
     module: LanguageModel, datamodule: CharTextDataModule, root: Path, epochs: int, logger=False
 ) -> None:
-    trainer = L.Trainer(
-        accelerator="cpu",
-        max_epochs=epochs,
-        logger=logger,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=str(root),
-    )
+    trainer = quiet_trainer(max_epochs=epochs, logger=logger, default_root_dir=str(root))
     trainer.fit(module, datamodule=datamodule)
 
 
