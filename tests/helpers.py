@@ -14,7 +14,9 @@ Configs: `compose_in(folder, *overrides)` composes `configs/train.yaml` as `pyth
 does (the `compose_config` fixture calls it with tmp_path); `prepare_cfg(*overrides)` composes
 `python -m kindling.prepare`'s config; `options(group)` lists a config group's options.
 
-Results: `read_metrics(run_dir)` reads a run's `csv/metrics.csv`, `read_csv(path)` any CSV file;
+Results: `read_metrics(run_dir)` reads a run's `csv/metrics.csv` (`last_value` of a metric),
+`read_csv(path)` any CSV file; `folder_contents(folder)` snapshots a folder to compare;
+`in_folder(cfg, folder)` moves a composed run's folder;
 `copy_run(trained_run, folder)` copies the shared trained run to resume or damage.
 
 Trainers: `quiet_trainer(**settings)` for a test's own Trainer.
@@ -178,6 +180,22 @@ def copy_run(trained: TrainedRun, folder: Path) -> Path:
     return folder
 
 
+def in_folder(cfg: DictConfig, folder: Path) -> DictConfig:
+    """`cfg` with its run folder at `folder`."""
+    with open_dict(cfg):
+        cfg.paths.output_dir = str(folder)
+    return cfg
+
+
+def folder_contents(folder: Path, but: tuple[str, ...] = ()) -> dict[str, bytes]:
+    """Every file's bytes (a folder as `<folder>`) by relative path, but the names in `but`."""
+    return {
+        str(path.relative_to(folder)): path.read_bytes() if path.is_file() else b"<folder>"
+        for path in folder.rglob("*")
+        if path.name not in but
+    }
+
+
 def read_csv(path: Path) -> list[dict[str, str]]:
     with open(path, newline="") as f:
         return list(csv.DictReader(f))
@@ -186,6 +204,11 @@ def read_csv(path: Path) -> list[dict[str, str]]:
 def read_metrics(run_dir: Path) -> list[dict[str, str]]:
     """The rows of a run's `csv/metrics.csv`."""
     return read_csv(run_dir / "csv" / "metrics.csv")
+
+
+def last_value(rows: list[dict[str, str]], name: str) -> float:
+    """The last value of metric `name` in `rows` of metrics.csv."""
+    return float([row[name] for row in rows if row.get(name)][-1])
 
 
 def quiet_trainer(**settings: object) -> L.Trainer:

@@ -11,11 +11,7 @@ from kindling.callbacks.divergence import DivergenceError
 from kindling.config.errors import UserError
 from kindling.train import run, train_and_test
 
-from helpers import QUIET, options, read_metrics, train_py
-
-
-def last_value(rows: list[dict[str, str]], name: str) -> float:
-    return float([row[name] for row in rows if row.get(name)][-1])
+from helpers import QUIET, last_value, options, read_metrics, train_py
 
 
 @pytest.mark.parametrize("model", options("model"))
