@@ -47,7 +47,7 @@ from slurm_cluster import slurm_cluster  # noqa: F401 - a fixture
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--slow", action="store_true",
-        help="also run the slow tests (real training runs, several processes, the scheduler); "
+        help="also run the slow tests (real training runs, processes, the scheduler); "
         "CI runs them all",
     )  # fmt: skip
 

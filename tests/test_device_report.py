@@ -98,6 +98,7 @@ def test_recommendation_follows_the_hardware(two_fake_gpus, monkeypatch) -> None
     assert collect_device_info().recommended_overrides == "trainer=mps"
 
 
+@pytest.mark.slow
 def test_command_prints_the_report() -> None:
     result = subprocess.run(
         [*PYTHON, "-m", "kindling.device_report"], capture_output=True, text=True

@@ -60,6 +60,7 @@ def test_transformer_and_timm_export_and_match_their_checkpoint(
     assert torch.allclose(torch.from_numpy(logits), expected, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_the_command_exports_the_cnn_and_prints_the_differences(
     trained_run, tmp_path: Path
 ) -> None:

@@ -153,6 +153,7 @@ def plain_loop(checkpoint: Path) -> dict[str, float]:
     return {"test/loss": loss / count, "test/acc": correct / count}
 
 
+@pytest.mark.slow
 def test_the_test_loss_is_the_same_on_one_and_two_processes(trained_run, tmp_path: Path) -> None:
     """The loss is a mean over samples: how the split is cut into batches and processes does
     not change it (a mean of batch means would), and it is what a plain loop computes."""

@@ -589,6 +589,7 @@ def test_a_split_smaller_than_one_batch_per_process_is_refused(sequence_copy: Pa
     streamed_sequences(sequence_copy, batch_size=2000).setup("fit")  # one process: every sample
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["images", "sequences"])
 def test_the_printed_train_command_trains_on_the_copy(
     kind: str, request, caplog: pytest.LogCaptureFixture, tmp_path: Path
