@@ -17,6 +17,7 @@ from kindling.train import run
 from helpers import CLASSES, ON_GPU, QUIET, data_module, pattern_rows, train_py, write_table
 
 
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
 def test_a_shuffled_table_becomes_sequences_in_time_order(tmp_path: Path, suffix: str) -> None:
     rows = pattern_rows(60, seed=0)
     module = data_module(write_table(rows, tmp_path / f"table{suffix}"))
