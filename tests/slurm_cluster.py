@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import free_port
+
 COMMANDS = ("munged", "slurmctld", "slurmd", "sbatch", "srun")
 
 
@@ -46,12 +48,6 @@ class Cluster:
         return subprocess.run(
             command, env=self.env, capture_output=True, text=True, check=True, timeout=timeout
         ).stdout
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 def slurm_conf(folder: Path, node: str) -> str:

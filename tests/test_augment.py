@@ -17,7 +17,8 @@ from kindling.data.augment import (
     random_horizontal_flip,
     worker_transform,
 )
-from kindling.data.digits import DigitsDataModule
+
+from helpers import digits
 
 
 def images(batch: int = 64, size: int = 8) -> torch.Tensor:
@@ -85,14 +86,8 @@ def test_policies_that_need_workers_are_refused_for_in_memory_sets() -> None:
     assert worker_transform({"flip": None}) is None
 
 
-def digits(tmp_path: Path, **augment) -> DigitsDataModule:
-    dm = DigitsDataModule(str(tmp_path), 10, [1, 8, 8], batch_size=32, augment=augment)
-    dm.setup()
-    return dm
-
-
 def test_in_memory_training_batches_are_augmented_and_others_are_not(tmp_path: Path) -> None:
-    dm = digits(tmp_path, crop=v2.RandomCrop(8, padding=1))
+    dm = digits(tmp_path, batch_size=32, augment={"crop": v2.RandomCrop(8, padding=1)})
     batch = next(iter(dm.train_dataloader()))
     dm.trainer = SimpleNamespace(training=False, current_epoch=0, global_rank=0)
     assert dm.on_after_batch_transfer(batch, 0) is batch

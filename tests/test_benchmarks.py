@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PYTHON
+from helpers import PYTHON
 
 ROOT = Path(__file__).resolve().parents[1]
 SIDES = ("kindling", "lightning")

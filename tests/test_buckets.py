@@ -4,9 +4,10 @@ import itertools
 from pathlib import Path
 
 import torch
-from test_sequences import data_module, pattern_rows, write_table
 
 from kindling.data.buckets import LengthBucketSampler
+
+from helpers import data_module, pattern_rows, write_table
 
 LENGTHS = torch.randint(5, 51, (103,), generator=torch.Generator().manual_seed(0)).tolist()
 

@@ -22,7 +22,7 @@ from kindling.data.prepared import FORMAT, METADATA_FILE
 from kindling.modules.classifier import Classifier
 from kindling.train import fill_in_from_data, run
 
-from conftest import CONFIG_DIR, QUIET, options
+from helpers import CONFIG_DIR, QUIET, options
 
 GROUPS = ["data", "data/augment", "model", "trainer", "callbacks", "logger", "experiment", "debug"]
 

@@ -10,7 +10,7 @@ import kindling.train
 from kindling.config.config_tree import CONFIG_TREE_FILE, print_config_tree
 from kindling.train import run
 
-from conftest import QUIET, train_py
+from helpers import QUIET, train_py
 
 
 def test_config_tree_is_saved_resolved_and_printed_on_request(

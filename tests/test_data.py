@@ -28,7 +28,7 @@ from kindling.data.torchvision_datasets import (
     MNISTDataModule,
 )
 
-from conftest import compose_in
+from helpers import compose_in
 from torchvision_files import (
     CIFAR10_ARCHIVE,
     CIFAR10_FOLDER,

@@ -13,7 +13,7 @@ from rich.console import Console
 from kindling.hardware import GIB, collect_device_info, print_device_report
 from kindling.train import run
 
-from conftest import PYTHON, QUIET
+from helpers import PYTHON, QUIET
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -98,6 +98,7 @@ def test_recommendation_follows_the_hardware(two_fake_gpus, monkeypatch) -> None
     assert collect_device_info().recommended_overrides == "trainer=mps"
 
 
+@pytest.mark.slow
 def test_command_prints_the_report() -> None:
     result = subprocess.run(
         [*PYTHON, "-m", "kindling.device_report"], capture_output=True, text=True

@@ -16,10 +16,9 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from kindling import train_checks as checks
 from kindling.config.instantiate import build
 from kindling.run import hydra_ddp
-from kindling.train import run
 
-from conftest import PYTHON, QUIET, ROOT
-from conftest import train_py as run_train_py
+from helpers import PYTHON, QUIET, ROOT
+from helpers import train_py as run_train_py
 
 TWO_CPUS = ["trainer.accelerator=cpu", "trainer.devices=2"]
 
@@ -70,11 +69,10 @@ def test_torchrun_uses_one_run_folder(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_two_processes_test_every_sample_once_and_report_what_one_does(
-    compose_config, tmp_path: Path
+    trained_run, tmp_path: Path
 ) -> None:
     """The 359 test images split unevenly over 2 processes of 32: none is left out or repeated."""
-    run(compose_config("trainer=cpu", "debug=limit", "trainer.max_epochs=1", *QUIET))
-    checkpoint = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    checkpoint = trained_run.last_checkpoint
     results = {}
     for devices, on_device in [(1, False), (2, False), (2, True)]:
         folder = f"test{devices}{'_on_device' * on_device}"

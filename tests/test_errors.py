@@ -18,7 +18,7 @@ from kindling.config.instantiate import ConfigFactory, build
 from kindling.data.text import Vocabulary
 from kindling.train import run
 
-from conftest import QUIET, error_lines, prepare_cfg, train_py
+from helpers import QUIET, error_lines, prepare_cfg, train_py
 
 # fast_dev_run without debug=fdr, which turns off the logger and early stopping.
 FAST = ["trainer=cpu", "++trainer.fast_dev_run=true", *QUIET]

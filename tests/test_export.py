@@ -9,7 +9,6 @@ import onnx
 import onnxruntime
 import pytest
 import torch
-from test_sequences import pattern_rows, write_table
 
 from kindling import export as export_command
 from kindling.config.errors import UserError
@@ -17,7 +16,7 @@ from kindling.export import ExportArgs, export
 from kindling.loading import load_module
 from kindling.train import run
 
-from conftest import PYTHON, QUIET, compose_in, error_lines
+from helpers import PYTHON, QUIET, compose_in, error_lines, pattern_rows, write_table
 
 SHORT_RUN = [
     "trainer=cpu", "trainer.max_epochs=1", "trainer.limit_train_batches=2",
@@ -61,6 +60,7 @@ def test_transformer_and_timm_export_and_match_their_checkpoint(
     assert torch.allclose(torch.from_numpy(logits), expected, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_the_command_exports_the_cnn_and_prints_the_differences(
     trained_run, tmp_path: Path
 ) -> None:

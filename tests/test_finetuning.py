@@ -20,8 +20,7 @@ from kindling.models.timm_net import TimmClassifier
 from kindling.modules.classifier import Classifier
 from kindling.train import run
 
-from conftest import QUIET
-from test_image_folder import make_folder
+from helpers import QUIET, make_folder, quiet_trainer
 
 TINY = "test_resnet"  # one of timm's models for tests: 0.4 M parameters
 
@@ -118,10 +117,7 @@ def classifier(net: torch.nn.Module, **kwargs) -> Classifier:
 
 
 def fit(module: Classifier, callbacks: list[Callback], epochs: int = 2, **trainer) -> L.Trainer:
-    trainer = L.Trainer(
-        accelerator="cpu", max_epochs=epochs, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks, **trainer,
-    )  # fmt: skip
+    trainer = quiet_trainer(max_epochs=epochs, callbacks=callbacks, **trainer)
     trainer.fit(module, tiny_loader(), tiny_loader(16))
     return trainer
 

@@ -11,7 +11,7 @@ from kindling.config.instantiate import build, check_arguments
 from kindling.data.digits import DigitsDataModule
 from kindling.data.splits import fold_split
 
-from test_image_folder import datamodule, make_folder
+from helpers import datamodule, make_folder
 
 FOLDS = 5
 

@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import QUIET, ROOT, importable
+from helpers import QUIET, ROOT, importable
 
 
 def python(code: str, *args: str, **kwargs) -> subprocess.CompletedProcess:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PYTHON, ROOT
+from helpers import PYTHON, ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import gpu_check

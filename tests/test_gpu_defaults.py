@@ -18,7 +18,7 @@ from kindling.data.streaming import StreamingDataModule
 from kindling.hardware import best_precision
 from kindling.train import build_trainer, run
 
-from conftest import QUIET
+from helpers import QUIET
 
 
 def pretend_cuda(monkeypatch, *capabilities: tuple[int, int]) -> None:

@@ -14,7 +14,7 @@ import torch
 
 from kindling.callbacks.interrupt import CheckpointOnInterrupt
 
-from conftest import QUIET, ROOT, importable, start_train_py, train_py
+from helpers import QUIET, ROOT, importable, start_train_py, train_py
 
 TWO_CPUS = ["trainer.accelerator=cpu", "trainer.devices=2"]
 

@@ -7,45 +7,18 @@ import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 import torch
 from omegaconf import open_dict
-from PIL import Image
 from torchvision.transforms import v2
 
 from kindling.config.errors import UserError
 from kindling.data.gpu_decode import EncodedImageFiles, decode_batch
-from kindling.data.image_folder import STATISTICS_FILE, ImageFolderDataModule, read_image
+from kindling.data.image_folder import STATISTICS_FILE, read_image
 from kindling.predict import PredictArgs, predict
 from kindling.train import run
 
-from conftest import PYTHON, QUIET, ROOT, train_py
-
-COLOURS = {"blue": (20, 40, 220), "green": (30, 200, 40), "red": (220, 30, 30)}
-
-
-def write_image(path: Path, colour: tuple[int, int, int], size=(10, 12), mode="RGB", seed=0):
-    """A noisy image of one colour (PNG or JPEG by suffix), of any size and PIL mode."""
-    noise = np.random.default_rng(seed).integers(0, 50, (size[1], size[0], 3))
-    pixels = np.clip(np.array(colour) * 0.8 + noise, 0, 255).astype(np.uint8)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    Image.fromarray(pixels).convert(mode).save(path)
-
-
-def make_folder(root: Path, per_class: int = 6, splits: tuple[str, ...] = ()) -> Path:
-    """`root/<class>/` (or `root/<split>/<class>/` for each split) of PNG and JPEG files."""
-    for split in splits or ("",):
-        for name, colour in COLOURS.items():
-            for i in range(per_class):
-                suffix = ".png" if i % 2 else ".jpg"
-                write_image(root / split / name / f"{i}{suffix}", colour, seed=i)
-    return root
-
-
-def datamodule(path: Path, **kwargs) -> ImageFolderDataModule:
-    args = {"num_classes": 3, "image_size": 8, "batch_size": 4, "num_workers": 0} | kwargs
-    return ImageFolderDataModule(str(path), **args)
+from helpers import COLOURS, PYTHON, QUIET, ROOT, datamodule, make_folder, train_py, write_image
 
 
 def test_one_folder_is_split_into_train_val_test(tmp_path: Path) -> None:

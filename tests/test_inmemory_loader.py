@@ -3,7 +3,6 @@ for every training batch there."""
 
 from pathlib import Path
 
-import lightning as L
 import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -12,6 +11,8 @@ from kindling.config.errors import UserError
 from kindling.data.device_loader import DeviceTensorLoader
 from kindling.data.digits import DigitsDataModule
 from kindling.data.in_memory import BatchIndexedTensors
+
+from helpers import digits
 
 
 def test_batch_indexing_serves_what_per_sample_loading_serves() -> None:
@@ -31,13 +32,6 @@ def test_batch_indexing_serves_what_per_sample_loading_serves() -> None:
         assert torch.equal(x, x_ref) and torch.equal(y, y_ref)
     assert [len(indices) for indices in fetched] == [16, 16, 16, 2]  # one call per batch
     assert torch.equal(indexed[3][0], images[3])  # one sample still works
-
-
-def digits(tmp_path: Path, accelerator: str = "cpu", **kwargs) -> DigitsDataModule:
-    dm = DigitsDataModule(str(tmp_path), 10, [1, 8, 8], batch_size=100, **kwargs)
-    dm.trainer = L.Trainer(accelerator=accelerator, devices=1, logger=False, barebones=True)
-    dm.setup()
-    return dm
 
 
 def test_on_device_training_batches_all_have_one_shape(tmp_path: Path) -> None:

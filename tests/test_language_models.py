@@ -1,6 +1,5 @@
 """Language models: the nets, the LightningModule, sampling from checkpoints, the experiment."""
 
-import csv
 import functools
 import math
 import shutil
@@ -9,7 +8,6 @@ from collections import Counter
 from pathlib import Path
 
 import hydra
-import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
@@ -32,18 +30,18 @@ from kindling.models.language_models import (
 from kindling.modules.language_model import LanguageModel
 from kindling.train import run
 
-from conftest import PYTHON, QUIET, error_lines, train_py
+from helpers import (
+    PYTHON,
+    QUIET,
+    TINY_CORPUS,
+    error_lines,
+    quiet_trainer,
+    read_metrics,
+    tiny_experiment,
+    train_py,
+)
 
 FAMILIES = ["rnn", "lstm", "transformer"]
-
-# A tiny corpus to memorise: varied enough that guessing by letter frequency is far off.
-TINY_CORPUS = (
-    "Beautiful is better than ugly. Explicit is better than implicit. Simple is better than "
-    "complex. Complex is better than complicated. Flat is better than nested. Sparse is better "
-    "than dense. Readability counts. Special cases aren't special enough to break the rules. "
-    "Although practicality beats purity. Errors should never pass silently. Unless explicitly "
-    "silenced. In the face of ambiguity, refuse the temptation to guess.\n"
-)
 
 
 def tiny_net(family: str, vocab_size: int = 30) -> torch.nn.Module:
@@ -152,15 +150,7 @@ def make_module(family: str, **kwargs) -> LanguageModel:
 def fit(
     module: LanguageModel, datamodule: CharTextDataModule, root: Path, epochs: int, logger=False
 ) -> None:
-    trainer = L.Trainer(
-        accelerator="cpu",
-        max_epochs=epochs,
-        logger=logger,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=str(root),
-    )
+    trainer = quiet_trainer(max_epochs=epochs, logger=logger, default_root_dir=str(root))
     trainer.fit(module, datamodule=datamodule)
 
 
@@ -306,32 +296,6 @@ def test_model_keys_reach_the_language_model(compose_config, family, tmp_path) -
     assert optimizer.param_groups[0]["lr"] == 0.0123
     num_layers = len(module.net.blocks) if family == "transformer" else module.net.rnn.num_layers
     assert num_layers == 2
-
-
-def tiny_experiment(family: str, corpus: Path, *extra: str, trainer: str = "cpu") -> list[str]:
-    """`experiment=charlm` at a size that trains in seconds on a CPU."""
-    sizes = {
-        "transformer": ["model.net.d_model=32", "model.net.num_layers=1", "model.net.num_heads=2"],
-    }.get(family, ["model.net.hidden_size=32", "model.net.num_layers=1"])
-    return [
-        "experiment=charlm",
-        f"model=lm/{family}",
-        f"data.path={corpus}",
-        "data.context_length=16",
-        "data.batch_size=4",
-        f"trainer={trainer}",
-        "trainer.max_epochs=2",
-        "trainer.limit_train_batches=4",
-        "model.sample_length=20",
-        *sizes,
-        *QUIET,
-        *extra,
-    ]
-
-
-def read_metrics(run_dir: Path) -> list[dict[str, str]]:
-    with open(run_dir / "csv" / "metrics.csv") as f:
-        return list(csv.DictReader(f))
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -15,7 +15,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from kindling.train import run
 
-from conftest import QUIET, error_lines
+from helpers import QUIET, error_lines
 
 FAST = ["debug=limit", "trainer=cpu", *QUIET]  # 3 epochs of 5 batches, 2 test batches
 EPOCHS = 3

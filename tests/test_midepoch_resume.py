@@ -12,7 +12,6 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
-from omegaconf import open_dict
 from PIL import Image
 
 import kindling.train
@@ -21,7 +20,7 @@ from kindling.data.device_loader import DeviceTensorLoader
 from kindling.data.loaders import ResumableDistributedSampler
 from kindling.train import run
 
-from conftest import ON_GPU, QUIET
+from helpers import ON_GPU, QUIET, in_folder
 
 # Two epochs of 6 steps; the interrupted run stops at step 9, in the middle of the second.
 SHORT = [
@@ -57,12 +56,6 @@ def adding(monkeypatch, *callbacks: L.Callback) -> None:
         lambda config, group: [*instantiate_group(config, group), *callbacks]
         if group == "callbacks" else instantiate_group(config, group),
     )  # fmt: skip
-
-
-def in_folder(cfg, folder: Path):
-    with open_dict(cfg):
-        cfg.paths.output_dir = str(folder)
-    return cfg
 
 
 def last_val_loss(folder: Path) -> float:

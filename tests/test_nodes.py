@@ -4,7 +4,6 @@ run folder all the ranks of a launch share."""
 import csv
 import json
 import os
-import socket
 import subprocess
 import uuid
 from pathlib import Path
@@ -19,9 +18,7 @@ from kindling import train_checks as checks
 from kindling.run import run_folder
 from kindling.train import run
 
-from conftest import CONFIG_DIR, PYTHON, QUIET, ROOT
-
-TESTS = Path(__file__).parent
+from helpers import CONFIG_DIR, PYTHON, QUIET, ROOT, TESTS, free_port
 
 
 def torchrun_env(monkeypatch, *, nodes: int, per_node: int, rank: int = 0) -> None:
@@ -141,12 +138,6 @@ def test_the_ranks_of_two_nodes_name_one_run_and_sweep_folder(tmp_path: Path, mo
     assert not any(tmp_path.iterdir())
     run_folder.run_folder.cache_clear()
     run_folder.sweep_folder.cache_clear()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.slow

@@ -15,7 +15,7 @@ from kindling.loading import load_module
 from kindling.predict import PredictArgs, predict
 from kindling.train import run
 
-from conftest import QUIET
+from helpers import QUIET
 
 TINY = ["trainer=cpu", "trainer.limit_train_batches=3", "trainer.limit_val_batches=2",
         "trainer.limit_test_batches=2", *QUIET]  # fmt: skip

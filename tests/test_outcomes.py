@@ -22,7 +22,6 @@ import torch.nn.functional as F
 from PIL import Image
 from sklearn.datasets import load_digits
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from test_sequences import pattern_rows, write_table
 
 from kindling.data.streaming import StreamingDataModule
 from kindling.loading import instantiate_stored, load_module
@@ -30,7 +29,7 @@ from kindling.predict import PredictArgs, predict
 from kindling.prepare import prepare
 from kindling.train import run
 
-from conftest import QUIET, ROOT, importable, prepare_cfg, train_py
+from helpers import QUIET, ROOT, importable, pattern_rows, prepare_cfg, train_py, write_table
 
 # A test split of 30% (about 540 images): accuracy measured on it moves by about a point between
 # runs (a streamed epoch's order depends on which worker is first), not by five.
@@ -154,6 +153,7 @@ def plain_loop(checkpoint: Path) -> dict[str, float]:
     return {"test/loss": loss / count, "test/acc": correct / count}
 
 
+@pytest.mark.slow
 def test_the_test_loss_is_the_same_on_one_and_two_processes(trained_run, tmp_path: Path) -> None:
     """The loss is a mean over samples: how the split is cut into batches and processes does
     not change it (a mean of batch means would), and it is what a plain loop computes."""

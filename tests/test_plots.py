@@ -1,6 +1,5 @@
 """Learning curves and the test confusion matrix, written as PNGs into the run folder."""
 
-import csv
 from pathlib import Path
 
 import numpy as np
@@ -11,14 +10,9 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from kindling.callbacks import plots
 from kindling.train import run
 
-from conftest import QUIET, train_py
+from helpers import QUIET, read_metrics, train_py
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-def read_metrics(run_dir: Path) -> list[dict[str, str]]:
-    with open(run_dir / "csv" / "metrics.csv") as f:
-        return list(csv.DictReader(f))
 
 
 def assert_png(path: Path, min_side: int = 200) -> None:

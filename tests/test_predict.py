@@ -1,7 +1,6 @@
 """Predicting from a checkpoint alone: a folder of image files, a table of sequences, or a data
 set split, to CSV."""
 
-import csv
 import logging
 import os
 import subprocess
@@ -11,7 +10,6 @@ import pytest
 import torch
 from filelock import FileLock
 from sklearn.datasets import load_digits
-from test_sequences import pattern_rows, write_table
 from torchvision.io import write_png
 
 from kindling import predict as predict_command
@@ -21,17 +19,12 @@ from kindling.loading import data_state, load_module
 from kindling.predict import PredictArgs, predict
 from kindling.train import run
 
-from conftest import PYTHON, QUIET, compose_in, error_lines
+from helpers import PYTHON, QUIET, compose_in, error_lines, pattern_rows, read_csv, write_table
 
 
 @pytest.fixture
 def checkpoint(trained_run) -> Path:
     return trained_run.last_checkpoint
-
-
-def read_rows(path: Path) -> list[dict[str, str]]:
-    with open(path) as f:
-        return list(csv.DictReader(f))
 
 
 def digit_files(folder: Path) -> list[int]:
@@ -52,7 +45,7 @@ def predicted_right(checkpoint: Path, tmp_path: Path, accelerator: str = "auto")
     labels = digit_files(tmp_path / "images")
     output = predict(PredictArgs(str(checkpoint), str(tmp_path / "images"),
                                  str(tmp_path / "p.csv"), accelerator=accelerator))  # fmt: skip
-    rows = read_rows(output)
+    rows = read_csv(output)
     assert len(rows) == 40
     assert all(0.0 <= float(r["probability"]) <= 1.0 for r in rows)
     by_name = {Path(r["file"]).name: int(r["class"]) for r in rows}
@@ -87,7 +80,7 @@ def test_a_corrupt_file_is_named_and_the_others_predicted(
         output = predict(
             PredictArgs(str(checkpoint), str(folder), str(tmp_path / "p.csv"), num_workers=0)
         )
-    rows = read_rows(output)
+    rows = read_csv(output)
     assert [Path(r["file"]).name for r in rows] == [f"digit_{i}.png" for i in range(5)]
     assert f"Skipped {folder / 'corrupt.png'}" in caplog.text
     assert "1 of 6 files could not be decoded" in caplog.text
@@ -97,7 +90,7 @@ def test_predicts_a_data_set_split(checkpoint: Path, tmp_path: Path) -> None:
     output = predict(
         PredictArgs(ckpt_path=str(checkpoint), input="test", output=str(tmp_path / "t.csv"))
     )
-    rows = read_rows(output)
+    rows = read_csv(output)
     assert len(rows) == 359  # the digits test split
     assert {int(r["class"]) for r in rows} <= set(range(10))
 
@@ -216,7 +209,7 @@ def test_two_processes_write_each_file_once_in_the_folder_s_order(
     output = tmp_path / "out" / "p.csv"
     result = predict_on_two_processes(checkpoint, folder, output, "num_workers=0", cwd=tmp_path)
     assert "Predicting" in result.stdout + result.stderr  # the progress bar
-    rows = read_rows(output)
+    rows = read_csv(output)
     files = sorted(str(f) for f in folder.rglob("digit_*.png"))
     assert [r["file"] for r in rows] == files  # every readable file once, in a stable order
     assert result.stderr.count(f"Skipped {folder / 'b' / 'corrupt.png'}") == 1
@@ -225,7 +218,7 @@ def test_two_processes_write_each_file_once_in_the_folder_s_order(
     one = predict(
         PredictArgs(str(checkpoint), str(folder), str(tmp_path / "one.csv"), num_workers=0)
     )
-    assert read_rows(one) == rows
+    assert read_csv(one) == rows
     assert sorted(p.name for p in output.parent.iterdir()) == ["p.csv"]
 
 
@@ -267,7 +260,7 @@ def test_predicts_each_sequence_of_a_table_once(sequence_checkpoint: Path, tmp_p
     rows = pattern_rows(60, seed=7)  # sequences it never saw, rows shuffled, labelled
     table = write_table(rows, tmp_path / "new.csv")
     output = predict(PredictArgs(str(sequence_checkpoint), str(table), str(tmp_path / "p.csv")))
-    predicted = read_rows(output)
+    predicted = read_csv(output)
     assert list(predicted[0]) == ["id", "class", "probability"]
     assert [r["id"] for r in predicted] == first_appearances(rows)  # each id once, in order
     truth = {row["id"]: row["label"] for row in rows}
@@ -283,13 +276,13 @@ def test_a_sequence_is_standardised_with_the_checkpoint_s_statistics(
     """Alone, without its label, its columns in another order, a sequence gets the row it gets
     among others: statistics of the table predicted (here: of one sequence) never enter."""
     rows = pattern_rows(12, seed=8)
-    together = read_rows(predict(PredictArgs(
+    together = read_csv(predict(PredictArgs(
         str(sequence_checkpoint), str(write_table(rows, tmp_path / "all.parquet")),
         str(tmp_path / "all.csv"),
     )))  # fmt: skip
     alone_rows = [{k: row[k] for k in ("z", "time", "id", "x", "y")} for row in rows
                   if row["id"] == "s4"]  # fmt: skip
-    alone = read_rows(predict(PredictArgs(
+    alone = read_csv(predict(PredictArgs(
         str(sequence_checkpoint), str(write_table(alone_rows, tmp_path / "one.csv")),
         str(tmp_path / "one.csv.out"),
     )))  # fmt: skip
@@ -336,7 +329,7 @@ def test_the_test_split_of_a_sequence_table_names_its_ids(
     sequence_checkpoint: Path, tmp_path: Path
 ) -> None:
     output = predict(PredictArgs(str(sequence_checkpoint), "test", str(tmp_path / "t.csv")))
-    predicted = read_rows(output)
+    predicted = read_csv(output)
     assert len(predicted) == 30  # a fifth of 150
     assert len({r["id"] for r in predicted}) == 30 and all(r["id"][0] == "s" for r in predicted)
 
@@ -349,11 +342,11 @@ def test_two_processes_predict_each_sequence_once(
     table = write_table(rows, tmp_path / "new.parquet")
     output = tmp_path / "out" / "p.csv"
     predict_on_two_processes(sequence_checkpoint, table, output, "batch_size=4", cwd=tmp_path)
-    two = read_rows(output)
+    two = read_csv(output)
     assert [r["id"] for r in two] == first_appearances(rows)
     one = predict(PredictArgs(str(sequence_checkpoint), str(table), str(tmp_path / "one.csv"),
                               batch_size=4))  # fmt: skip
-    assert read_rows(one) == two
+    assert read_csv(one) == two
     assert sorted(p.name for p in output.parent.iterdir()) == ["p.csv"]
 
 
@@ -401,9 +394,9 @@ def test_overwrite_replaces_a_file_and_a_csv_of_predictions_is_replaced_as_it_st
     notes.write_text("my notes\n")
     args = {"ckpt_path": str(checkpoint), "input": "test", "output": str(notes)}
     predict(PredictArgs(**args, overwrite=True))
-    assert len(read_rows(notes)) == 359
+    assert len(read_csv(notes)) == 359
     predict(PredictArgs(**args))  # its own earlier result: no overwrite=true needed
-    assert len(read_rows(notes)) == 359
+    assert len(read_csv(notes)) == 359
     assert [path.name for path in tmp_path.iterdir()] == ["notes.txt"]  # no partial file left
 
 

@@ -11,7 +11,7 @@ import yaml
 from kindling.run import provenance
 from kindling.train import run
 
-from conftest import QUIET
+from helpers import QUIET
 
 
 def git(folder: Path, *args: str) -> str:

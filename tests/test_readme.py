@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, train_py
+from helpers import ROOT, train_py
 
 NEEDS_MORE = re.compile(r"trainer=gpu|data=(mnist|cifar10|fashion_mnist)\b")
 

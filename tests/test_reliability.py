@@ -10,7 +10,7 @@ import lightning as L
 import pytest
 import torch
 from hydra.utils import instantiate
-from omegaconf import OmegaConf, open_dict
+from omegaconf import OmegaConf
 
 import kindling.train
 from kindling.checkpoints import read_checkpoint
@@ -20,26 +20,20 @@ from kindling.loading import load_module
 from kindling.models.cnn import CNNClassifier
 from kindling.train import run
 
-from conftest import CONFIG_DIR, QUIET, copy_run, error_lines, start_train_py, train_py
+from helpers import (
+    CONFIG_DIR,
+    QUIET,
+    copy_run,
+    error_lines,
+    folder_contents,
+    in_folder,
+    last_value,
+    read_metrics,
+    start_train_py,
+    train_py,
+)
 
 REPRODUCIBLE = ["trainer=cpu", "trainer.deterministic=true", "seed=7", "test=false", *QUIET]
-
-
-def metrics_csv(run_dir: Path) -> list[dict[str, str]]:
-    import csv
-
-    with open(run_dir / "csv" / "metrics.csv") as f:
-        return list(csv.DictReader(f))
-
-
-def last(rows: list[dict[str, str]], name: str) -> float:
-    return float([r[name] for r in rows if r.get(name)][-1])
-
-
-def in_folder(cfg, folder: Path):
-    with open_dict(cfg):
-        cfg.paths.output_dir = str(folder)
-    return cfg
 
 
 @pytest.mark.slow
@@ -56,10 +50,12 @@ def test_resume_gives_the_same_numbers_as_a_straight_run(compose_config, tmp_pat
             tmp_path / "resumed",
         )
     )
-    straight, resumed = metrics_csv(tmp_path / "straight"), metrics_csv(tmp_path / "resumed")
-    assert last(resumed, "epoch") == last(straight, "epoch") == 3
-    assert last(resumed, "val/loss") == pytest.approx(last(straight, "val/loss"), abs=1e-6)
-    assert last(resumed, "val/acc_best") == last(straight, "val/acc_best")
+    straight, resumed = read_metrics(tmp_path / "straight"), read_metrics(tmp_path / "resumed")
+    assert last_value(resumed, "epoch") == last_value(straight, "epoch") == 3
+    assert last_value(resumed, "val/loss") == pytest.approx(
+        last_value(straight, "val/loss"), abs=1e-6
+    )
+    assert last_value(resumed, "val/acc_best") == last_value(straight, "val/acc_best")
     weights = [
         torch.load(tmp_path / name / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
         for name in ("straight", "resumed")
@@ -107,17 +103,17 @@ def test_a_checkpoint_of_eight_gpus_resumes_on_a_cpu(compose_config, tmp_path: P
     torch.save(saved, checkpoint)
     overrides = ["trainer.max_epochs=2", f"ckpt_path={checkpoint}"]
     run(in_folder(compose_config(*common, *overrides), tmp_path))
-    assert last(metrics_csv(tmp_path), "epoch") == 1
+    assert last_value(read_metrics(tmp_path), "epoch") == 1
 
 
 def test_test_only_run_reports_the_training_runs_test_accuracy(
     compose_config, tmp_path, trained_run
 ) -> None:
-    trained = last(metrics_csv(trained_run.run_dir), "test/acc")
+    trained = last_value(read_metrics(trained_run.run_dir), "test/acc")
     best = trained_run.best_checkpoint
     cfg = compose_config("train=false", f"ckpt_path={best}", "trainer=cpu", *QUIET)
     run(in_folder(cfg, tmp_path / "tested"))
-    assert last(metrics_csv(tmp_path / "tested"), "test/acc") == pytest.approx(trained)
+    assert last_value(read_metrics(tmp_path / "tested"), "test/acc") == pytest.approx(trained)
 
 
 def test_checkpoints_load_with_weights_only_and_without_compile_prefixes(
@@ -213,7 +209,7 @@ def test_interrupted_run_saves_a_checkpoint_and_resumes(tmp_path: Path, sig, cod
     assert "Restored all states" in output
     # The resumed run continued in the interrupted run's folder, and validated every epoch
     # once, wherever the signal landed.
-    validated = [int(r["epoch"]) for r in metrics_csv(tmp_path / "run") if r["val/loss"]]
+    validated = [int(r["epoch"]) for r in read_metrics(tmp_path / "run") if r["val/loss"]]
     assert validated == list(range(interrupted["epoch"] + 2))
 
 
@@ -310,7 +306,7 @@ def test_sigterm_during_validation_stops_when_the_epoch_has_validated(
     assert torch.load(checkpoint, weights_only=True)["epoch"] == 2  # epoch 1 done, validated
     monkeypatch.undo()
     run(compose_config("trainer=cpu", "debug=limit", "test=false", f"ckpt_path={checkpoint}"))
-    validated = [int(r["epoch"]) for r in metrics_csv(tmp_path / "run") if r["val/loss"]]
+    validated = [int(r["epoch"]) for r in read_metrics(tmp_path / "run") if r["val/loss"]]
     assert validated == [0, 1, 2]
 
 
@@ -381,11 +377,3 @@ def test_a_refused_resume_leaves_the_run_folder_as_it_was(trained_run, tmp_path:
     assert trained_run.best_checkpoint.name in output
     assert "Traceback" not in output
     assert folder_contents(run_dir, but=changed) == before
-
-
-def folder_contents(folder: Path, but: tuple[str, ...] = ()) -> dict[str, bytes]:
-    return {
-        str(path.relative_to(folder)): path.read_bytes() if path.is_file() else b"<folder>"
-        for path in folder.rglob("*")
-        if path.name not in but
-    }

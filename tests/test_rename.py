@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PYTHON, QUIET, ROOT
+from helpers import PYTHON, QUIET, ROOT
 
 SCRIPT = ROOT / "scripts" / "rename_package.py"
 
@@ -81,6 +81,7 @@ def test_bad_names_are_refused(repo: Path, name: str) -> None:
     assert snapshot(repo) == before
 
 
+@pytest.mark.slow
 def test_renamed_project_trains(repo: Path) -> None:
     assert rename(repo, "mynet").returncode == 0
     # The renamed package is imported from the copy; kindling, installed in this environment, is

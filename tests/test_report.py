@@ -1,6 +1,5 @@
 """The report of a multirun: job and configuration tables, seeds and folds aggregated, the plot."""
 
-import csv
 import re
 import shutil
 from pathlib import Path
@@ -11,7 +10,7 @@ import yaml
 
 from kindling.report import build_report, configuration_rows, job_rows, main, markdown
 
-from conftest import error_lines, train_py
+from helpers import error_lines, read_csv, train_py
 
 
 def write_job(
@@ -113,11 +112,6 @@ def test_a_multirun_extended_by_another_is_reported_with_it(tmp_path: Path) -> N
     (configuration,) = read_csv(first / "configurations.csv")
     assert configuration["configuration"] == "model=cnn" and configuration["completed"] == "3"
     assert float(configuration["val/acc_best mean"]) == pytest.approx(1.0)
-
-
-def read_csv(path: Path) -> list[dict[str, str]]:
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
 
 
 @pytest.mark.slow

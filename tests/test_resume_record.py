@@ -12,15 +12,10 @@ from kindling.checkpoints import AtomicCheckpointIO
 from kindling.loggers.resumable_csv import ResumableCSVLogger
 from kindling.train import run
 
-from conftest import QUIET, TRAINED_RUN, copy_run, error_lines, train_py
+from helpers import QUIET, TRAINED_RUN, copy_run, error_lines, read_csv, train_py
 
 # What a finished run's folder records: a refused resume changes none of it.
 RECORD = ["results.yaml", "csv/metrics.csv", "checkpoints/last.ckpt"]
-
-
-def read_rows(path: Path) -> list[dict[str, str]]:
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
 
 
 def epochs_with(rows: list[dict[str, str]], name: str) -> list[int]:
@@ -50,7 +45,7 @@ def test_a_resumed_run_keeps_the_rows_its_checkpoint_covers(tmp_path: Path) -> N
     resumed.log_metrics({"lr-AdamW": 0.05}, step=10)
     write_rows(resumed, [(2, 15, {"val/loss": 1.2, "val/acc": 0.7}), (2, 15, {"train/loss": 1.4})])
 
-    rows = read_rows(tmp_path / "csv" / "metrics.csv")
+    rows = read_csv(tmp_path / "csv" / "metrics.csv")
     assert epochs_with(rows, "val/loss") == [0, 1, 2]
     assert epochs_with(rows, "train/loss") == [0, 1, 2]
     assert epochs_with(rows, "train/loss_step") == []  # logged after the checkpoint: redone
@@ -66,7 +61,7 @@ def test_a_resumed_run_keeps_the_rows_its_checkpoint_covers(tmp_path: Path) -> N
 def test_a_new_run_in_a_used_folder_replaces_its_metrics(tmp_path: Path) -> None:
     write_rows(ResumableCSVLogger(tmp_path, name="csv", version=""), [(0, 5, {"val/loss": 2.0})])
     write_rows(ResumableCSVLogger(tmp_path, name="csv", version=""), [(0, 4, {"val/loss": 1.0})])
-    assert [row["val/loss"] for row in read_rows(tmp_path / "csv" / "metrics.csv")] == ["1.0"]
+    assert [row["val/loss"] for row in read_csv(tmp_path / "csv" / "metrics.csv")] == ["1.0"]
 
 
 @pytest.mark.slow
@@ -80,7 +75,7 @@ def test_resume_in_the_same_folder_keeps_every_epoch(compose_config, tmp_path: P
     checkpoint = run_dir / "checkpoints" / "last.ckpt"
     run(compose_config(*common, "trainer.max_epochs=4", f"ckpt_path={checkpoint}"))
 
-    rows = read_rows(run_dir / "csv" / "metrics.csv")
+    rows = read_csv(run_dir / "csv" / "metrics.csv")
     assert epochs_with(rows, "val/loss") == [0, 1, 2, 3]
     assert epochs_with(rows, "train/loss") == [0, 1, 2, 3]
     history = read_history(run_dir / "csv" / "metrics.csv")  # what the learning curves plot
@@ -156,8 +151,8 @@ def test_a_kill_during_a_rewrite_leaves_the_history_whole(tmp_path: Path, monkey
     assert metrics.read_bytes() == before
     monkeypatch.undo()
     resumed.save()
-    assert epochs_with(read_rows(metrics), "val/acc") == [1]
-    assert epochs_with(read_rows(metrics), "train/loss") == [0]
+    assert epochs_with(read_csv(metrics), "val/acc") == [1]
+    assert epochs_with(read_csv(metrics), "train/loss") == [0]
 
 
 def test_every_checkpoint_follows_the_rows_of_the_epochs_it_covers(
@@ -170,7 +165,7 @@ def test_every_checkpoint_follows_the_rows_of_the_epochs_it_covers(
 
     def save_checkpoint(io, checkpoint, path, storage_options=None) -> None:
         real_save(io, checkpoint, path, storage_options)
-        on_disk[f"{Path(path).name}, epoch {checkpoint['epoch']}"] = read_rows(
+        on_disk[f"{Path(path).name}, epoch {checkpoint['epoch']}"] = read_csv(
             tmp_path / "run" / "csv" / "metrics.csv"
         )
 
@@ -286,7 +281,7 @@ def test_sigkill_at_any_moment_loses_no_row(tmp_path: Path) -> None:
         finished = train_py(*args, *resume, cwd=tmp_path)
         assert finished.returncode == 0, (finished.stdout + finished.stderr)[-3000:]
 
-    rows = read_rows(metrics)
+    rows = read_csv(metrics)
     for name in ("train/loss", "train/acc", "val/loss", "val/acc"):
         assert epochs_with(rows, name) == list(range(epochs)), name
     # Nothing else: each epoch's train and val rows and its learning rate, once.

@@ -19,10 +19,9 @@ from kindling.data.device_loader import DeviceTensorLoader
 from kindling.data.loaders import ResumableDistributedSampler
 from kindling.train import run
 
-from conftest import QUIET
-from conftest import train_py as run_train_py
+from helpers import QUIET, TESTS
+from helpers import train_py as run_train_py
 
-TESTS = Path(__file__).parent
 N, GLOBAL_BATCH, STEPS = 48, 8, 3  # 48 samples divide over 1, 2 and 4 processes of 8
 
 

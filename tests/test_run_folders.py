@@ -19,7 +19,7 @@ from kindling.config.errors import UserError
 from kindling.run import folder_lock, run_folder
 from kindling.train import run
 
-from conftest import CONFIG_DIR, PYTHON, QUIET, copy_run, error_lines, start_train_py, train_py
+from helpers import CONFIG_DIR, PYTHON, QUIET, copy_run, error_lines, start_train_py, train_py
 
 LAUNCHER_VARIABLES = [
     "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "RANK", "WORLD_SIZE", "SLURM_JOB_ID",

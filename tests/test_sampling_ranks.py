@@ -10,16 +10,13 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from test_language_models import TINY_CORPUS, tiny_experiment
 
 from kindling.data.text import Vocabulary
 from kindling.models.blocks import TransformerBlock
 from kindling.models.language_models import TransformerLanguageModel
 from kindling.modules.language_model import SAMPLES_FILE, LanguageModel, full_parameters
 
-from conftest import train_py
-
-TESTS = Path(__file__).parent
+from helpers import TESTS, TINY_CORPUS, free_port, tiny_experiment, train_py
 
 
 def tiny_language_model() -> LanguageModel:
@@ -56,8 +53,6 @@ def sample_under_fsdp(rank: int, port: int, folder: Path) -> None:
 
 @pytest.mark.slow
 def test_every_rank_samples_the_whole_model_under_fsdp(tmp_path: Path) -> None:
-    from test_nodes import free_port
-
     mp.spawn(sample_under_fsdp, args=(free_port(), tmp_path), nprocs=2)
     unsharded = tiny_language_model().sample("Flat", 30, seed=1)
     assert (tmp_path / "rank0.txt").read_text() == unsharded

@@ -5,7 +5,6 @@ import itertools
 import math
 from pathlib import Path
 
-import lightning as L
 import pytest
 import torch
 from hydra.utils import instantiate
@@ -15,7 +14,7 @@ from omegaconf import DictConfig, open_dict
 from kindling.config.errors import UserError
 from kindling.modules.optimization import takes_total_steps, warmup_cosine
 
-from conftest import CONFIG_DIR, options
+from helpers import CONFIG_DIR, options, quiet_trainer
 
 LM_MODELS = sorted(f"lm/{p.stem}" for p in (CONFIG_DIR / "model" / "lm").glob("*.yaml"))
 
@@ -98,18 +97,14 @@ def digits_cfg(compose_config, **trainer: object) -> DictConfig:
 
 
 def fit(cfg: DictConfig, tmp_path: Path, *callbacks: Callback, ckpt_path: str | None = None):
-    trainer = L.Trainer(
-        accelerator="cpu",
+    trainer = quiet_trainer(
         max_steps=cfg.trainer.get("max_steps", -1),
         max_epochs=cfg.trainer.max_epochs,
         limit_train_batches=cfg.trainer.get("limit_train_batches", 1.0),
         limit_val_batches=1,
         num_sanity_val_steps=0,
         callbacks=list(callbacks),
-        logger=False,
         enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks),
-        enable_progress_bar=False,
-        enable_model_summary=False,
         default_root_dir=tmp_path,
     )
     model = instantiate(cfg.model, _convert_="all")

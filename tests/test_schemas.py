@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 from kindling import schemas
 
-from conftest import ROOT
+from helpers import ROOT
 
 FORKERS_NET = '''
 from typing import Literal

@@ -4,9 +4,6 @@ import csv
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.csv
-import pyarrow.parquet
 import pytest
 import torch
 
@@ -17,50 +14,7 @@ from kindling.models.temporal_conv import TemporalConvClassifier
 from kindling.models.transformer import TransformerClassifier
 from kindling.train import run
 
-from conftest import ON_GPU, QUIET, train_py
-
-CLASSES = ("down", "flat", "up")  # what a bump at a random step does to the first feature
-
-
-def pattern_rows(count: int, seed: int, lengths: tuple[int, int] = (5, 50)) -> list[dict]:
-    """`count` sequences, one row per step, in a shuffled order. A sequence's class is the sign
-    of a three-step bump in feature `x` (or a bump in `y` for `flat`) at a random position; `z`
-    is noise, with an offset so that standardising matters."""
-    rng = np.random.default_rng(seed)
-    rows = []
-    for number in range(count):
-        label = CLASSES[number % 3]
-        length = int(rng.integers(*lengths, endpoint=True))
-        x, y = rng.normal(0, 0.3, (2, length))
-        start = int(rng.integers(0, length - 2))
-        bump = slice(start, start + 3)
-        if label == "flat":
-            y[bump] += 3.0
-        else:
-            x[bump] += 3.0 if label == "up" else -3.0
-        z = rng.normal(50.0, 10.0, length)
-        rows += [{"id": f"s{number}", "time": t, "label": label, "x": x[t], "y": y[t], "z": z[t]}
-                 for t in range(length)]  # fmt: skip
-    order = rng.permutation(len(rows))
-    return [rows[i] for i in order]
-
-
-def write_table(rows: list[dict], path: Path) -> Path:
-    """The rows as CSV or Parquet (by the suffix), columns in the first row's order."""
-    names = list(rows[0]) if rows else ["id", "time", "label", "x"]
-    table = pa.table({name: [row.get(name) for row in rows] for name in names})
-    if path.suffix == ".parquet":
-        pyarrow.parquet.write_table(table, path)
-    else:
-        pyarrow.csv.write_csv(table, path)
-    return path
-
-
-def data_module(path: Path, **options) -> SequenceTableDataModule:
-    options = {"num_features": 3, "num_classes": 3, **options}
-    module = SequenceTableDataModule(str(path), **options)
-    module.setup()
-    return module
+from helpers import CLASSES, ON_GPU, QUIET, data_module, pattern_rows, train_py, write_table
 
 
 @pytest.mark.parametrize("suffix", [".csv", ".parquet"])

@@ -19,7 +19,7 @@ import kindling.train
 from kindling.report import MARKDOWN
 from kindling.sweeps.study import open_storage
 
-from conftest import PYTHON, QUIET, ROOT, start_train_py
+from helpers import PYTHON, QUIET, ROOT, start_train_py
 from slurm_cluster import Cluster
 
 # The smallest runs that train, validate, test and checkpoint, on one CPU each.

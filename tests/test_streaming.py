@@ -20,7 +20,6 @@ from lightning.pytorch.callbacks import Callback
 from litdata import StreamingDataset
 from omegaconf import open_dict
 from PIL import Image
-from test_sequences import pattern_rows, write_table
 from torch.utils.data import Dataset
 from torchvision.transforms import v2
 
@@ -33,7 +32,16 @@ from kindling.data.streaming import StreamingDataModule
 from kindling.prepare import prepare
 from kindling.train import augment_images_only, run
 
-from conftest import PYTHON, QUIET, ROOT, error_lines, prepare_cfg, train_py
+from helpers import (
+    PYTHON,
+    QUIET,
+    ROOT,
+    error_lines,
+    pattern_rows,
+    prepare_cfg,
+    train_py,
+    write_table,
+)
 
 IMAGES = 96  # image i is grey, every pixel STEP * i: a batch says which samples it holds
 STEP = 2
@@ -583,6 +591,7 @@ def test_a_split_smaller_than_one_batch_per_process_is_refused(sequence_copy: Pa
     streamed_sequences(sequence_copy, batch_size=2000).setup("fit")  # one process: every sample
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["images", "sequences"])
 def test_the_printed_train_command_trains_on_the_copy(
     kind: str, request, caplog: pytest.LogCaptureFixture, tmp_path: Path

@@ -27,7 +27,7 @@ from kindling.callbacks.optuna_pruning import OptunaPruning
 from kindling.sweeps.search_space import parse_search_space
 from kindling.sweeps.study import counted_trials, fail_interrupted_trials, open_storage
 
-from conftest import PYTHON, ROOT, train_py
+from helpers import PYTHON, ROOT, train_py
 
 # A trial of a second or two: one epoch of two batches, no test, nothing logged.
 TINY = [

@@ -1,6 +1,5 @@
 """The whole path of a run: config -> fit -> test, in-process and through `python train.py`."""
 
-import csv
 import os
 from pathlib import Path
 
@@ -12,16 +11,7 @@ from kindling.callbacks.divergence import DivergenceError
 from kindling.config.errors import UserError
 from kindling.train import run, train_and_test
 
-from conftest import QUIET, options, train_py
-
-
-def read_metrics(run_dir: Path) -> list[dict[str, str]]:
-    with open(run_dir / "csv" / "metrics.csv") as f:
-        return list(csv.DictReader(f))
-
-
-def last_value(rows: list[dict[str, str]], name: str) -> float:
-    return float([row[name] for row in rows if row.get(name)][-1])
+from helpers import QUIET, last_value, options, read_metrics, train_py
 
 
 @pytest.mark.parametrize("model", options("model"))

@@ -1,0 +1,339 @@
+"""What tests share besides fixtures (those are in conftest.py). A test module imports its
+helpers from here (`from helpers import QUIET, train_py`), never from another test module, so
+that deleting one feature's tests leaves the others running.
+
+Running train.py: `train_py(*args, cwd=...)` runs `python train.py` as a user does, for what is
+about the process itself (exit codes, signals, console output, several processes), and
+`start_train_py(*args, cwd=...)` starts it (to signal it, or to run several at once); with
+`module_dir=` a config can name a class the test wrote there (`TESTS` holds the callbacks of
+record_samples.py), `ctrl_c=True` gives it Ctrl-C as in a terminal. `PYTHON` is the interpreter
+of such commands (`[*PYTHON, script, *args]`); `QUIET` turns off the progress bar and model
+summary; `free_port()` is a port for a process group of the test's own.
+
+Configs: `compose_in(folder, *overrides)` composes `configs/train.yaml` as `python train.py`
+does (the `compose_config` fixture calls it with tmp_path); `prepare_cfg(*overrides)` composes
+`python -m kindling.prepare`'s config; `options(group)` lists a config group's options.
+
+Results: `read_metrics(run_dir)` reads a run's `csv/metrics.csv` (`last_value` of a metric),
+`read_csv(path)` any CSV file; `folder_contents(folder)` snapshots a folder to compare;
+`in_folder(cfg, folder)` moves a composed run's folder;
+`copy_run(trained_run, folder)` copies the shared trained run to resume or damage.
+
+Trainers: `quiet_trainer(**settings)` for a test's own Trainer.
+
+Data: `digits` sets up scikit-learn's digits; `pattern_rows` and `write_table` make a sequence
+table, `data_module` sets one up; `make_folder` writes a folder of images, `datamodule` reads
+one; `TINY_CORPUS` and `tiny_experiment` train a language model in seconds.
+
+`ON_GPU` marks a test, or a parameter, `gpu` and skips it without CUDA.
+"""
+
+import csv
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv
+import pyarrow.parquet
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, open_dict
+from PIL import Image
+
+import kindling.train  # noqa: F401 - registers the resolvers the configs use
+from kindling.data.digits import DigitsDataModule
+from kindling.data.image_folder import ImageFolderDataModule
+from kindling.data.sequences import SequenceTableDataModule
+
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+CONFIG_DIR = ROOT / "configs"
+QUIET = ["callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null"]
+# `@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=ON_GPU)])`.
+ON_GPU = (pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))
+# The `python` of the tests' subprocesses.
+PYTHON: list[str] = [sys.executable]
+
+
+# Processes
+
+
+def error_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The lines logged at ERROR or above: a refusal is exactly one."""
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def importable(module_dir: Path | None) -> dict[str, str] | None:
+    """This environment with `module_dir` on PYTHONPATH (a run's ranks inherit it), so that a
+    config can name a class a test wrote there: `+callbacks.x._target_=<module>.<Class>`."""
+    if module_dir is None:
+        return None
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(module_dir), env.get("PYTHONPATH")]))
+    return env
+
+
+def train_py(
+    *args: str, cwd: Path, timeout: int = 600, module_dir: Path | None = None
+) -> subprocess.CompletedProcess:
+    """`python train.py <args>` in `cwd`, as a user runs it, with its output captured as text."""
+    return subprocess.run(
+        [*PYTHON, str(ROOT / "train.py"), *args],
+        cwd=cwd, env=importable(module_dir), capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+def start_train_py(
+    *args: str, cwd: Path, module_dir: Path | None = None, ctrl_c: bool = False
+) -> subprocess.Popen:
+    """`python train.py <args>` started in `cwd`; its output (stdout and stderr) piped as text.
+
+    `ctrl_c`: SIGINT as in a terminal. A shell starts background jobs (a CI step, `cmd &`) with
+    SIGINT ignored, and Python keeps an ignored SIGINT ignored.
+    """
+    return subprocess.Popen(
+        [*PYTHON, str(ROOT / "train.py"), *args],
+        cwd=cwd, env=importable(module_dir), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, preexec_fn=_default_sigint if ctrl_c else None,
+    )  # fmt: skip
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# Configs
+
+
+def prepare_cfg(*overrides: str) -> DictConfig:
+    """The config of `python -m kindling.prepare <overrides>`."""
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return compose(config_name="prepare", overrides=list(overrides))
+
+
+def compose_in(folder: Path, *overrides: str) -> DictConfig:
+    """`configs/train.yaml` with overrides, its run, log and data folders under `folder`."""
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=list(overrides), return_hydra_config=True)
+    # What @hydra.main does before calling the task: ${hydra:...} resolves from HydraConfig,
+    # and the task's config has no `hydra` key.
+    HydraConfig().set_config(cfg)
+    with open_dict(cfg):
+        del cfg["hydra"]
+        cfg.paths.output_dir = str(folder / "run")
+        cfg.paths.log_dir = str(folder / "logs")
+        cfg.paths.data_dir = str(folder / "data")
+    return cfg
+
+
+def options(group: str) -> list[str]:
+    """The options of a config group: the yaml files in configs/<group>/."""
+    return sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
+
+
+# Runs
+
+
+@dataclass(frozen=True)
+class TrainedRun:
+    run_dir: Path  # the run folder: checkpoints/, csv/metrics.csv, ...
+    value: float  # what kindling.train.run returned: the optimized metric, val/acc_best
+
+    @property
+    def last_checkpoint(self) -> Path:
+        return self.run_dir / "checkpoints" / "last.ckpt"
+
+    @property
+    def best_checkpoint(self) -> Path:
+        (best,) = (self.run_dir / "checkpoints").glob("epoch_*.ckpt")
+        return best
+
+
+TRAINED_RUN = ["trainer.max_epochs=4", *QUIET]
+
+
+def copy_run(trained: TrainedRun, folder: Path) -> Path:
+    """A copy of `trained`'s run folder at `folder`, with the `.hydra/` that `python train.py`
+    leaves in a run folder (so resuming it continues there)."""
+    shutil.copytree(trained.run_dir, folder)
+    (folder / ".hydra").mkdir(exist_ok=True)
+    return folder
+
+
+def in_folder(cfg: DictConfig, folder: Path) -> DictConfig:
+    """`cfg` with its run folder at `folder`."""
+    with open_dict(cfg):
+        cfg.paths.output_dir = str(folder)
+    return cfg
+
+
+def folder_contents(folder: Path, but: tuple[str, ...] = ()) -> dict[str, bytes]:
+    """Every file's bytes (a folder as `<folder>`) by relative path, but the names in `but`."""
+    return {
+        str(path.relative_to(folder)): path.read_bytes() if path.is_file() else b"<folder>"
+        for path in folder.rglob("*")
+        if path.name not in but
+    }
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, str]]:
+    """The rows of a run's `csv/metrics.csv`."""
+    return read_csv(run_dir / "csv" / "metrics.csv")
+
+
+def last_value(rows: list[dict[str, str]], name: str) -> float:
+    """The last value of metric `name` in `rows` of metrics.csv."""
+    return float([row[name] for row in rows if row.get(name)][-1])
+
+
+def quiet_trainer(**settings: object) -> L.Trainer:
+    """A CPU Trainer that logs, checkpoints, draws and summarises nothing unless `settings` say."""
+    quiet = {"accelerator": "cpu", "logger": False, "enable_checkpointing": False,
+             "enable_progress_bar": False, "enable_model_summary": False}  # fmt: skip
+    return L.Trainer(**{**quiet, **settings})
+
+
+# Scikit-learn's digits (data=digits)
+
+
+def digits(folder: Path, accelerator: str = "cpu", **kwargs) -> DigitsDataModule:
+    """The digits (10 classes of 1x8x8 images) in batches of 100 unless `batch_size` says, set
+    up under a one-device Trainer of `accelerator` (which decides where on-device data lives)."""
+    dm = DigitsDataModule(str(folder), 10, [1, 8, 8], **{"batch_size": 100, **kwargs})
+    dm.trainer = L.Trainer(accelerator=accelerator, devices=1, logger=False, barebones=True)
+    dm.setup()
+    return dm
+
+
+# A sequence table (data=sequences)
+
+CLASSES = ("down", "flat", "up")  # what a bump at a random step does to the first feature
+
+
+def pattern_rows(count: int, seed: int, lengths: tuple[int, int] = (5, 50)) -> list[dict]:
+    """`count` sequences, one row per step, in a shuffled order. A sequence's class is the sign
+    of a three-step bump in feature `x` (or a bump in `y` for `flat`) at a random position; `z`
+    is noise, with an offset so that standardising matters."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for number in range(count):
+        label = CLASSES[number % 3]
+        length = int(rng.integers(*lengths, endpoint=True))
+        x, y = rng.normal(0, 0.3, (2, length))
+        start = int(rng.integers(0, length - 2))
+        bump = slice(start, start + 3)
+        if label == "flat":
+            y[bump] += 3.0
+        else:
+            x[bump] += 3.0 if label == "up" else -3.0
+        z = rng.normal(50.0, 10.0, length)
+        rows += [{"id": f"s{number}", "time": t, "label": label, "x": x[t], "y": y[t], "z": z[t]}
+                 for t in range(length)]  # fmt: skip
+    order = rng.permutation(len(rows))
+    return [rows[i] for i in order]
+
+
+def write_table(rows: list[dict], path: Path) -> Path:
+    """The rows as CSV or Parquet (by the suffix), columns in the first row's order."""
+    names = list(rows[0]) if rows else ["id", "time", "label", "x"]
+    table = pa.table({name: [row.get(name) for row in rows] for name in names})
+    if path.suffix == ".parquet":
+        pyarrow.parquet.write_table(table, path)
+    else:
+        pyarrow.csv.write_csv(table, path)
+    return path
+
+
+def data_module(path: Path, **options) -> SequenceTableDataModule:
+    """The sequence table at `path`, set up."""
+    options = {"num_features": 3, "num_classes": 3, **options}
+    module = SequenceTableDataModule(str(path), **options)
+    module.setup()
+    return module
+
+
+# A folder of images (data=image_folder)
+
+COLOURS = {"blue": (20, 40, 220), "green": (30, 200, 40), "red": (220, 30, 30)}
+
+
+def write_image(path: Path, colour: tuple[int, int, int], size=(10, 12), mode="RGB", seed=0):
+    """A noisy image of one colour (PNG or JPEG by suffix), of any size and PIL mode."""
+    noise = np.random.default_rng(seed).integers(0, 50, (size[1], size[0], 3))
+    pixels = np.clip(np.array(colour) * 0.8 + noise, 0, 255).astype(np.uint8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(pixels).convert(mode).save(path)
+
+
+def make_folder(root: Path, per_class: int = 6, splits: tuple[str, ...] = ()) -> Path:
+    """`root/<class>/` (or `root/<split>/<class>/` for each split) of PNG and JPEG files."""
+    for split in splits or ("",):
+        for name, colour in COLOURS.items():
+            for i in range(per_class):
+                suffix = ".png" if i % 2 else ".jpg"
+                write_image(root / split / name / f"{i}{suffix}", colour, seed=i)
+    return root
+
+
+def datamodule(path: Path, **kwargs) -> ImageFolderDataModule:
+    """The image folder at `path`, 8x8 images in batches of 4, not set up."""
+    args = {"num_classes": 3, "image_size": 8, "batch_size": 4, "num_workers": 0} | kwargs
+    return ImageFolderDataModule(str(path), **args)
+
+
+# A text corpus (experiment=charlm)
+
+# A tiny corpus to memorise: varied enough that guessing by letter frequency is far off.
+TINY_CORPUS = (
+    "Beautiful is better than ugly. Explicit is better than implicit. Simple is better than "
+    "complex. Complex is better than complicated. Flat is better than nested. Sparse is better "
+    "than dense. Readability counts. Special cases aren't special enough to break the rules. "
+    "Although practicality beats purity. Errors should never pass silently. Unless explicitly "
+    "silenced. In the face of ambiguity, refuse the temptation to guess.\n"
+)
+
+
+def tiny_experiment(family: str, corpus: Path, *extra: str, trainer: str = "cpu") -> list[str]:
+    """`experiment=charlm` at a size that trains in seconds on a CPU."""
+    sizes = {
+        "transformer": ["model.net.d_model=32", "model.net.num_layers=1", "model.net.num_heads=2"],
+    }.get(family, ["model.net.hidden_size=32", "model.net.num_layers=1"])
+    return [
+        "experiment=charlm",
+        f"model=lm/{family}",
+        f"data.path={corpus}",
+        "data.context_length=16",
+        "data.batch_size=4",
+        f"trainer={trainer}",
+        "trainer.max_epochs=2",
+        "trainer.limit_train_batches=4",
+        "model.sample_length=20",
+        *sizes,
+        *QUIET,
+        *extra,
+    ]
