@@ -118,6 +118,7 @@ def train_and_test(cfg: DictConfig) -> float | None:
 
         datamodule: L.LightningDataModule = build(cfg.data, "data")
         fill_in_from_data(cfg.data, datamodule)
+        check_arguments(cfg.model, "model")  # with what the data filled in
         model: L.LightningModule = build(cfg.model, "model")
         if checkpoint is not None:  # the weights' shapes are known once the model is built
             checks.check_weights_fit(checkpoint, model)
@@ -220,8 +221,9 @@ def _check(cfg: DictConfig) -> str | None:
     folder_lock.hold(cfg.paths.output_dir)  # first: a folder in use is refused for that alone
     checks.check_model_fits_data(cfg)
     checks.check_seed(cfg.get("seed"))
-    # Every object's config against its target's signature, before anything is built.
-    for group in ("data", "model", "trainer", "callbacks", "logger"):
+    # Every object's config against its target's signature, before anything is built (the
+    # model's once the data has filled in what only it knows: fill_in_from_data).
+    for group in ("data", "trainer", "callbacks", "logger"):
         check_arguments(cfg.get(group), group)
     checks.check_accelerator(cfg.trainer)
     checks.check_launched_processes(cfg.trainer)
