@@ -82,8 +82,8 @@ class SequenceTableDataModule(SplitDataModule):
 
     Args:
         path: the table, `.csv` or `.parquet`.
-        num_features, num_classes, max_length: read from the table by the config (for the model
-            configs); checked against it.
+        num_features, num_classes, max_length: null: read from the table (`describe`, for the
+            model configs); given: checked against it.
         id_column, label_column, time_column, split_column: the special columns' names.
         missing: `refuse` (a NaN or empty feature value stops the run, naming the row) or `mean`
             (filled with the training split's mean of that feature: 0 once standardised).
@@ -100,8 +100,8 @@ class SequenceTableDataModule(SplitDataModule):
     def __init__(
         self,
         path: str,
-        num_features: int,
-        num_classes: int,
+        num_features: int | None = None,
+        num_classes: int | None = None,
         max_length: int | None = None,
         id_column: str = "id",
         label_column: str = "label",
@@ -134,6 +134,7 @@ class SequenceTableDataModule(SplitDataModule):
         self.features: list[str] | None = None
         self.mean: torch.Tensor | None = None  # (F,) of the training split's steps
         self.std: torch.Tensor | None = None
+        self.found: dict[str, int] = {}  # num_classes, num_features, max_length of the table
 
     def setup(self, stage: str | None = None) -> None:
         if self.data_train is not None:
@@ -209,21 +210,27 @@ class SequenceTableDataModule(SplitDataModule):
                 f"data.path={hp.path} has the classes {', '.join(table.classes)}, but the "
                 f"checkpoint was trained on {', '.join(self.classes)}."
             )
-        longest = max(len(sequence) for sequence in table.sequences)
-        if hp.max_length is not None and longest > hp.max_length:
-            raise UserError(
-                f"data.max_length={hp.max_length} but data.path={hp.path} has a sequence of "
-                f"{longest} steps. Leave data.max_length out: it is read from the table."
-            )
-        for name, expected, found in (
-            ("num_classes", hp.num_classes, len(table.classes)),
-            ("num_features", hp.num_features, len(table.features)),
-        ):
-            if expected != found:
+        found = {
+            "num_classes": len(table.classes),
+            "num_features": len(table.features),
+            "max_length": max(len(sequence) for sequence in table.sequences),
+        }
+        for name, value in found.items():
+            expected = hp[name]
+            if expected is not None and (expected < value if name == "max_length" else
+                                         expected != value):  # fmt: skip
+                what = f"a sequence of {value} steps" if name == "max_length" else value
                 raise UserError(
-                    f"data.{name}={expected} but data.path={hp.path} has {found}. Leave "
+                    f"data.{name}={expected} but data.path={hp.path} has {what}. Leave "
                     f"data.{name} out: it is read from the table."
                 )
+        self.found = found
+
+    def describe(self) -> dict[str, int]:
+        """The counts the config leaves null, read from the table (kindling.train fills them in
+        before the model is built)."""
+        self.setup()
+        return {name: value for name, value in self.found.items() if self.hparams[name] is None}
 
     def training_sampler(
         self, dataset: Dataset, world_size: int, rank: int, seed: int

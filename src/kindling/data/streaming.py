@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.pytorch.accelerators import CUDAAccelerator
 from litdata import StreamingDataLoader, StreamingDataset
 from litdata.exceptions import ChunkWaitTimeoutError
 
@@ -21,7 +20,7 @@ from kindling.data.prepared import (
     SEQUENCES,
     check_chunks,
     damaged,
-    kind,
+    holds,
     read_metadata,
     split_location,
 )
@@ -126,11 +125,10 @@ class StreamingDataModule(SplitDataModule):
 
     Args:
         input_dir: the prepared folder: a local path or `s3://bucket/prefix`.
-        num_classes: the number of classes; checked against the prepared copy.
-        image_shape: `[channels, height, width]` of a copy of images (None for sequences);
-            checked against the prepared copy.
-        num_features, max_length: features per step and the longest sequence of a copy of
-            sequences (None for images); checked against the prepared copy.
+        num_classes, image_shape, num_features, max_length: null: read from the copy
+            (`describe`, for the model configs); given: checked against it. `image_shape`
+            (`[C, H, W]`) is a copy of images', the features per step and the longest sequence
+            a copy of sequences'.
         batch_size: the global batch size, divided evenly over the processes of a run.
         cache_dir: where chunks of a remote copy are kept (null: LitData's default,
             ~/.lightning/chunks); each split uses a folder of its own in it.
@@ -149,7 +147,7 @@ class StreamingDataModule(SplitDataModule):
     def __init__(
         self,
         input_dir: str,
-        num_classes: int,
+        num_classes: int | None = None,
         image_shape: Sequence[int] | None = None,
         num_features: int | None = None,
         max_length: int | None = None,
@@ -172,17 +170,45 @@ class StreamingDataModule(SplitDataModule):
         self.table_reading: dict[str, Any] | None = None  # and how the table was read
         self.mean: torch.Tensor | None = None  # images: (1, C, 1, 1), [0, 1] units; sequences: (F,)
         self.std: torch.Tensor | None = None
-        self.kind: str | None = None  # what the copy holds: images or sequences
+        self._metadata: dict[str, Any] | None = None
         self.train_loader: StreamingDataLoader | None = None
         self._train_loader_state: dict[str, Any] | None = None  # from a checkpoint
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """The copy's description (kindling.data.prepared), read once."""
+        if self._metadata is None:
+            self._metadata = read_metadata(self.hparams.input_dir, self.storage_options)
+        return self._metadata
+
+    @property
+    def kind(self) -> str:
+        """What the copy holds: images or sequences."""
+        return holds(self.metadata)
+
+    @property
+    def storage_options(self) -> dict[str, Any]:
+        return dict(self.hparams.storage_options or {})
+
+    def describe(self) -> dict[str, Any]:
+        """What the config leaves null, read from the copy's description (kindling.train fills
+        it in before the model is built): the class count, and the image shape or the feature
+        count and longest sequence."""
+        return {key: value for key, value in self._stored().items() if self.hparams[key] is None}
+
+    def _stored(self) -> dict[str, Any]:
+        """The copy's values of the config's keys (None where the copy's kind has none)."""
+        keys = ("image_shape", "num_features", "max_length")
+        return {"num_classes": len(self.metadata["classes"])} | {
+            key: self.metadata.get(key) for key in keys
+        }
 
     def setup(self, stage: str | None = None) -> None:
         if self.data_train is not None:
             return
         hp = self.hparams
         self.batch_size_per_device  # noqa: B018 - validate before reading anything
-        storage = dict(hp.storage_options or {})
-        metadata = read_metadata(hp.input_dir, storage)
+        metadata = self.metadata
         self._check(metadata)
         check_chunks(hp.input_dir)
         if self.classes is not None and self.classes != metadata["classes"]:
@@ -191,22 +217,20 @@ class StreamingDataModule(SplitDataModule):
                 f"but the checkpoint was trained on {', '.join(self.classes)}. Use a copy of the "
                 "checkpoint's data."
             )
-        self.classes, self.kind = metadata["classes"], kind(metadata)
-        self.features = metadata.get("features")
+        self.classes, self.features = metadata["classes"], metadata.get("features")
         if self.kind == SEQUENCES:  # kindling.predict reads a new table the same way
             self.table_reading = {key: metadata["source"][key] for key in TABLE_READING}
         if self.mean is None:
             shape = (-1,) if self.kind == SEQUENCES else (1, -1, 1, 1)
             self.mean = torch.tensor(metadata["mean"]).view(shape)
             self.std = torch.tensor(metadata["std"]).view(shape)
-        seed = hp.shuffle_seed
-        if seed is None:  # an unseeded run: a new order, the same on every process
-            seed = int(torch.randint(2**31, ()))
-            if self.trainer is not None:
-                seed = self.trainer.strategy.broadcast(seed)
+        seed = self.shuffle_seed
         if self.kind == SEQUENCES:
-            dataset, augmented = StreamingSequences, {}
-            served = {"mean": self.mean, "std": self.std}
+            dataset, served, augmented = (
+                StreamingSequences,
+                {"mean": self.mean, "std": self.std},
+                {},
+            )
         else:
             dataset, served = StreamingImages, {}
             augmented = {"augment": self.transform, "augment_seed": seed}
@@ -216,7 +240,7 @@ class StreamingDataModule(SplitDataModule):
                 split_location(hp.input_dir, name),
                 cache_dir=self._cache_dir(name),
                 max_cache_size=hp.max_cache_size,
-                storage_options=storage,
+                storage_options=self.storage_options,
                 # Per item: with shuffling, LitData's windowed decoding of small samples decodes
                 # whole windows again and again.
                 batch_decode=0,
@@ -232,23 +256,15 @@ class StreamingDataModule(SplitDataModule):
 
     def _check(self, metadata: dict[str, Any]) -> None:
         hp = self.hparams
-        if hp.num_classes != len(metadata["classes"]):
-            raise UserError(
-                f"data.num_classes={hp.num_classes} but {hp.input_dir} has "
-                f"{len(metadata['classes'])} classes. Leave data.num_classes out: it is read "
-                "from the prepared copy."
-            )
-        for key in ("image_shape", "num_features", "max_length"):
-            given, stored = hp[key], metadata.get(key)  # None where the copy's kind has none
-            if isinstance(given, Sequence):
-                given = list(given)
-            if given != stored:
+        for key, value in self._stored().items():
+            given = list(hp[key]) if isinstance(hp[key], Sequence) else hp[key]
+            if given is not None and given != value:
                 raise UserError(
-                    f"data.{key}={given} but {hp.input_dir} holds {kind(metadata)} with {key} "
-                    f"{stored}. Leave data.{key} out: it is read from the prepared copy (prepare "
+                    f"data.{key}={given} but {hp.input_dir} holds {self.kind} with {key} "
+                    f"{value}. Leave data.{key} out: it is read from the prepared copy (prepare "
                     "again to change it)."
                 )
-        if self.transform is not None and kind(metadata) == SEQUENCES:
+        if self.transform is not None and self.kind == SEQUENCES:
             raise UserError(
                 f"data.augment transforms images, and {hp.input_dir} holds sequences. Leave "
                 "data.augment out (data/augment=none)."
@@ -280,30 +296,23 @@ class StreamingDataModule(SplitDataModule):
             ) from error
         return str(folder)
 
-    def _streaming_loader(self, dataset: StreamingImages, drop_last: bool) -> StreamingDataLoader:
-        on_cuda = self.trainer is not None and isinstance(self.trainer.accelerator, CUDAAccelerator)
-        workers = self.num_workers
-        return StreamingDataLoader(
-            dataset,
-            batch_size=self.batch_size_per_device,
-            num_workers=workers,
-            pin_memory=self.hparams.pin_memory and on_cuda,
-            prefetch_factor=self.hparams.prefetch_factor if workers > 0 else None,
-            # True: every process the same number of whole batches (none waits for the others
-            # at the end); False (one process evaluating): every sample once.
-            drop_last=drop_last,
-            # Each new iterator draws its workers' base seed from this generator, not from the
-            # process's: a resumed run makes an iterator the uninterrupted one did not, and its
-            # dropout masks would differ. (Samples are augmented with seeds of their own.)
-            generator=torch.Generator(),
-            collate_fn=getattr(dataset, "collate", None),  # sequences: padded, with lengths
-        )
+    def _loader(self, dataset: PreparedSplit | None, shuffle: bool = False, sampler: Any = None,
+                drop_last: bool = False) -> StreamingDataLoader:  # fmt: skip
+        # LitData shuffles and shares out each epoch itself (the data set's `shuffle`, `seed`).
+        # True: every process the same number of whole batches (none waits for the others at
+        # the end); False (one process evaluating): every sample once.
+        drop_last = drop_last or self._even_evaluation
+        # Each new iterator draws its workers' base seed from this generator, not from the
+        # process's: a resumed run makes an iterator the uninterrupted one did not, and its
+        # dropout masks would differ. (Samples are augmented with seeds of their own.)
+        options = self.loader_options(dataset, drop_last)
+        return StreamingDataLoader(dataset, generator=torch.Generator(), **options)
 
     def train_dataloader(self) -> StreamingDataLoader:
         # The last partial batch is dropped (BatchNorm, compiled shapes), unless it is the only
         # one: a split smaller than one batch still trains (on one process: setup refuses more).
         drop_last = len(self.data_train) >= self.batch_size_per_device
-        self.train_loader = self._streaming_loader(self.data_train, drop_last=drop_last)
+        self.train_loader = self._loader(self.data_train, drop_last=drop_last)
         if self._train_loader_state is not None:
             # Set here rather than by Lightning, which skips the loader state when the loader
             # was made before the checkpoint's loops were restored (a schedule that reads
@@ -314,7 +323,7 @@ class StreamingDataModule(SplitDataModule):
 
     @property
     def fixed_batch_shapes(self) -> bool:
-        return self.hparams.image_shape is not None  # a copy of sequences is padded per batch
+        return self.kind != SEQUENCES  # a copy of sequences is padded per batch
 
     @property
     def _even_evaluation(self) -> bool:
@@ -322,16 +331,6 @@ class StreamingDataModule(SplitDataModule):
         (BatchNorm) synchronises them at every step, so one extra batch on one process would
         hang the run. LitData leaves the remainder out (fewer than processes x batch size)."""
         return self.trainer is not None and self.trainer.world_size > 1
-
-    def val_dataloader(self) -> StreamingDataLoader:
-        return self._streaming_loader(self.data_val, drop_last=self._even_evaluation)
-
-    def test_dataloader(self) -> StreamingDataLoader:
-        return self._streaming_loader(self.data_test, drop_last=self._even_evaluation)
-
-    def predict_dataloader(self) -> StreamingDataLoader:
-        split = getattr(self, f"data_{self.predict_split}")
-        return self._streaming_loader(split, drop_last=self._even_evaluation)
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         if not isinstance(batch, list | tuple):  # the model summary's example input
