@@ -134,14 +134,14 @@ class SequenceTableDataModule(SplitDataModule):
         self.features: list[str] | None = None
         self.mean: torch.Tensor | None = None  # (F,) of the training split's steps
         self.std: torch.Tensor | None = None
-        self.found: dict[str, int] = {}  # num_classes, num_features, max_length of the table
+        self._table: SequenceTable | None = None
 
     def setup(self, stage: str | None = None) -> None:
         if self.data_train is not None:
             return
         hp = self.hparams
         self.batch_size_per_device  # noqa: B018 - validate before reading the table
-        table = read_sequence_table(hp.path, self.columns, hp.missing)
+        table = self.table
         splits = self._splits(table)
         self._check_counts(table, splits)
         train_steps = torch.cat([table.sequences[i] for i in splits["train"].tolist()])
@@ -210,12 +210,7 @@ class SequenceTableDataModule(SplitDataModule):
                 f"data.path={hp.path} has the classes {', '.join(table.classes)}, but the "
                 f"checkpoint was trained on {', '.join(self.classes)}."
             )
-        found = {
-            "num_classes": len(table.classes),
-            "num_features": len(table.features),
-            "max_length": max(len(sequence) for sequence in table.sequences),
-        }
-        for name, value in found.items():
+        for name, value in self._found().items():
             expected = hp[name]
             if expected is not None and (expected < value if name == "max_length" else
                                          expected != value):  # fmt: skip
@@ -224,13 +219,25 @@ class SequenceTableDataModule(SplitDataModule):
                     f"data.{name}={expected} but data.path={hp.path} has {what}. Leave "
                     f"data.{name} out: it is read from the table."
                 )
-        self.found = found
+
+    @property
+    def table(self) -> SequenceTable:
+        """The table, read once."""
+        if self._table is None:
+            self._table = read_sequence_table(self.hparams.path, self.columns, self.hparams.missing)
+        return self._table
+
+    def _found(self) -> dict[str, int]:
+        return {
+            "num_classes": len(self.table.classes),
+            "num_features": len(self.table.features),
+            "max_length": max(len(sequence) for sequence in self.table.sequences),
+        }
 
     def describe(self) -> dict[str, int]:
         """The counts the config leaves null, read from the table (kindling.train fills them in
         before the model is built)."""
-        self.setup()
-        return {name: value for name, value in self.found.items() if self.hparams[name] is None}
+        return {name: value for name, value in self._found().items() if self.hparams[name] is None}
 
     def training_sampler(
         self, dataset: Dataset, world_size: int, rank: int, seed: int
