@@ -56,33 +56,32 @@ def chunks_named(dataset: StreamingDataset) -> Iterator[None]:
 
 
 class PreparedSplit(StreamingDataset):
-    """LitData's dataset of one split of a prepared copy, whose damaged chunks are named."""
+    """One split of a prepared copy, whose damaged chunks are named: `(image, label)` pairs, or
+    `(steps, label)` of sequences served as `Sequences` serves them (standardised with `mean`
+    and `std`, the copy's or a checkpoint's; padded by `collate`).
+
+    A training image's augmentation is seeded by `augment_seed`, the epoch and the sample's
+    index, not by which worker or process reads it: a resumed run sees the very images an
+    uninterrupted one would.
+    """
+
+    def __init__(self, *args: Any, augment: Transform | None = None, augment_seed: int = 0,
+                 mean: torch.Tensor | None = None, std: torch.Tensor | None = None,
+                 **kwargs: Any):  # fmt: skip
+        super().__init__(*args, **kwargs)
+        self.augment, self.augment_seed, self.mean, self.std = augment, augment_seed, mean, std
+        if mean is not None:  # sequences of different lengths
+            self.collate = Sequences.collate
 
     def __iter__(self) -> "PreparedSplit":
         with chunks_named(self):  # the first chunks are read here, ahead of the samples
             return super().__iter__()
 
-    def read(self, index: Any) -> dict[str, Any]:
+    def __getitem__(self, index: Any) -> tuple[torch.Tensor, Any]:
         with chunks_named(self):
-            return super().__getitem__(index)
-
-
-class StreamingImages(PreparedSplit):
-    """`(image, label)` pairs of one prepared split; training images augmented per sample.
-
-    The augmentation of a sample is seeded by `augment_seed`, the epoch and the sample's index:
-    it does not depend on which worker or process reads the sample, or on where a run was
-    resumed, so a resumed run sees the very images an uninterrupted one would.
-    """
-
-    def __init__(self, *args: Any, augment: Transform | None = None, augment_seed: int = 0,
-                 **kwargs: Any):  # fmt: skip
-        super().__init__(*args, **kwargs)
-        self.augment = augment
-        self.augment_seed = augment_seed
-
-    def __getitem__(self, index: Any) -> tuple[torch.Tensor, int]:
-        sample = self.read(index)
+            sample = super().__getitem__(index)
+        if "steps" in sample:
+            return standardised(sample["steps"], self.mean, self.std), torch.tensor(sample["label"])
         image = sample["image"]
         if self.augment is not None:
             seed = hash((self.augment_seed, self.current_epoch, sample["index"])) % 2**63
@@ -92,23 +91,6 @@ class StreamingImages(PreparedSplit):
                 torch.default_generator.manual_seed(seed)
                 image = self.augment(image)
         return image, sample["label"]
-
-
-class StreamingSequences(PreparedSplit):
-    """`(steps, label)` pairs of one prepared split of sequences, served as `Sequences` serves
-    them: standardised with `mean` and `std` (`(F,)`; the copy's, or a checkpoint's set after
-    `setup`), batched by its `collate` (padded, with the lengths)."""
-
-    collate = staticmethod(Sequences.collate)
-
-    def __init__(self, *args: Any, mean: torch.Tensor, std: torch.Tensor, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.mean, self.std = mean, std
-
-    def __getitem__(self, index: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        sample = self.read(index)
-        steps = standardised(sample["steps"], self.mean, self.std)
-        return steps, torch.tensor(sample["label"])
 
 
 class StreamingDataModule(SplitDataModule):
@@ -123,25 +105,10 @@ class StreamingDataModule(SplitDataModule):
     are standardised in the workers, as data=sequences serves them, and padded per batch:
     `(steps (B, T, F), lengths (B,), labels (B,))`.
 
-    Args:
-        input_dir: the prepared folder: a local path or `s3://bucket/prefix`.
-        num_classes, image_shape, num_features, max_length: null: read from the copy
-            (`describe`, for the model configs); given: checked against it. `image_shape`
-            (`[C, H, W]`) is a copy of images', the features per step and the longest sequence
-            a copy of sequences'.
-        batch_size: the global batch size, divided evenly over the processes of a run.
-        cache_dir: where chunks of a remote copy are kept (null: LitData's default,
-            ~/.lightning/chunks); each split uses a folder of its own in it.
-        max_cache_size: the most the cache may hold, e.g. "50GB" (null: LitData's default).
-        storage_options: arguments of the S3 client (e.g. `{endpoint_url: ...}`).
-        shuffle_seed: seed of the training order (configs pass the run's `seed`); None draws
-            one, the same on every process.
-        augment: training-time transforms (torchvision.transforms.v2, applied to uint8 images
-            in the workers), as for image folders; a copy of sequences takes none.
-        num_workers: DataLoader worker processes per device; null: the CPUs available to this
-            process shared by the processes of this machine.
-        pin_memory: page-locked host batches for faster copies (used only on CUDA).
-        prefetch_factor: batches each worker prepares ahead (when there are workers).
+    Its arguments are configs/data/streaming.yaml's keys. `num_classes`, `image_shape` (a copy
+    of images) and `num_features`, `max_length` (a copy of sequences) left null are read from
+    the copy (`describe`); given, they are checked against it. `augment`: torchvision v2
+    transforms of uint8 images, in the workers.
     """
 
     def __init__(
@@ -225,18 +192,10 @@ class StreamingDataModule(SplitDataModule):
             self.mean = torch.tensor(metadata["mean"]).view(shape)
             self.std = torch.tensor(metadata["std"]).view(shape)
         seed = self.shuffle_seed
-        if self.kind == SEQUENCES:
-            dataset, served, augmented = (
-                StreamingSequences,
-                {"mean": self.mean, "std": self.std},
-                {},
-            )
-        else:
-            dataset, served = StreamingImages, {}
-            augmented = {"augment": self.transform, "augment_seed": seed}
+        served = {"mean": self.mean, "std": self.std} if self.kind == SEQUENCES else {}
 
-        def split(name: str, **kwargs: Any) -> StreamingImages | StreamingSequences:
-            return dataset(
+        def split(name: str, **kwargs: Any) -> PreparedSplit:
+            return PreparedSplit(
                 split_location(hp.input_dir, name),
                 cache_dir=self._cache_dir(name),
                 max_cache_size=hp.max_cache_size,
@@ -248,7 +207,9 @@ class StreamingDataModule(SplitDataModule):
                 **kwargs,
             )
 
-        self.data_train = split("train", shuffle=True, seed=seed, **augmented)
+        self.data_train = split(
+            "train", shuffle=True, seed=seed, augment=self.transform, augment_seed=seed
+        )
         self.data_val = split("val")
         self.data_test = split("test")
         counts = ", ".join(f"{name} {count}" for name, count in metadata["splits"].items())
@@ -360,5 +321,5 @@ class StreamingDataModule(SplitDataModule):
         # Lightning loads a checkpoint's state after `setup`: sequences, standardised in the
         # workers, are served with its statistics (images are standardised with `self.mean`).
         for split in (self.data_train, self.data_val, self.data_test):
-            if isinstance(split, StreamingSequences):
+            if split is not None and split.mean is not None:
                 split.mean, split.std = self.mean, self.std
