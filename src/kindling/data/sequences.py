@@ -80,19 +80,9 @@ class SequenceTableDataModule(SplitDataModule):
     test split too. Each feature is standardised with the mean and standard deviation of the
     training split's time steps only; they are stored in checkpoints with the class names.
 
-    Args:
-        path: the table, `.csv` or `.parquet`.
-        num_features, num_classes, max_length: null: read from the table (`describe`, for the
-            model configs); given: checked against it.
-        id_column, label_column, time_column, split_column: the special columns' names.
-        missing: `refuse` (a NaN or empty feature value stops the run, naming the row) or `mean`
-            (filled with the training split's mean of that feature: 0 once standardised).
-        val_fraction, test_fraction: the shares carved from train where the table has no such split.
-        seed: seed of the carved splits and folds.
-        folds, fold: k-fold cross-validation of train (without a val split in the table).
-        batch_size, num_workers, pin_memory, persistent_workers, shuffle_seed: as for every set.
-        bucket: training batches of similar lengths (kindling.data.buckets): less padding; each
-            epoch is still every training sequence once, in a seeded random draw.
+    Its arguments are configs/data/sequences.yaml's keys. `num_features`, `num_classes` and
+    `max_length` left null are read from the table (`describe`); given, they are checked against
+    it. `bucket`: training batches of similar lengths (kindling.data.buckets).
     """
 
     fixed_batch_shapes = False  # each batch is padded to its longest sequence
