@@ -1,12 +1,8 @@
-"""The description `python -m kindling.prepare` writes beside a prepared copy, and reading it back.
-
-`<dir>/kindling.json` holds the kindling version and format, the kind of samples (`images` or
-`sequences`), the class names, the sample count of each split and, for images, their shape and
-per-channel statistics; for sequences, the feature names, `num_features`, `max_length` and the
-per-feature statistics of the training split. It is written twice: first
-without `complete` (the folder is kindling's, the work is under way), then with `complete: true`
-once every split is written. A copy without it is an interrupted prepare; one of another format
-was written by a kindling that stores samples differently.
+"""`<dir>/kindling.json`, the description `python -m kindling.prepare` writes beside a prepared
+copy: the format, the kind of samples (`images` or `sequences`), class names, each split's
+sample count, the image shape or the feature names, `num_features` and `max_length`, and the
+training split's statistics. Written first without `complete` (the folder is kindling's, the
+work under way), then with `complete: true` once every split is written.
 """
 
 import json
