@@ -227,7 +227,9 @@ class SequenceTableDataModule(SplitDataModule):
     def describe(self) -> dict[str, int]:
         """The counts the config leaves null, read from the table (kindling.train fills them in
         before the model is built)."""
-        return {name: value for name, value in self._found().items() if self.hparams[name] is None}
+        found = {name: value for name, value in self._found().items() if self.hparams[name] is None}
+        self.hparams.update(found)  # and the checkpoints' hyperparameters hold them
+        return found
 
     def training_sampler(
         self, dataset: Dataset, world_size: int, rank: int, seed: int

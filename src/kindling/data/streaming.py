@@ -161,7 +161,9 @@ class StreamingDataModule(SplitDataModule):
         """What the config leaves null, read from the copy's description (kindling.train fills
         it in before the model is built): the class count, and the image shape or the feature
         count and longest sequence."""
-        return {key: value for key, value in self._stored().items() if self.hparams[key] is None}
+        found = {key: value for key, value in self._stored().items() if self.hparams[key] is None}
+        self.hparams.update(found)  # and the checkpoints' hyperparameters hold them
+        return found
 
     def _stored(self) -> dict[str, Any]:
         """The copy's values of the config's keys (None where the copy's kind has none)."""
@@ -284,7 +286,7 @@ class StreamingDataModule(SplitDataModule):
 
     @property
     def fixed_batch_shapes(self) -> bool:
-        return self.kind != SEQUENCES  # a copy of sequences is padded per batch
+        return self.hparams.image_shape is not None  # a copy of sequences is padded per batch
 
     @property
     def _even_evaluation(self) -> bool:
