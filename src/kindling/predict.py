@@ -36,14 +36,11 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.utilities import rank_zero_only
-from torch.utils.data import DataLoader, Dataset, default_collate
+from torch.utils.data import DataLoader
 
 from kindling import cli
 from kindling.config.errors import UserError
-from kindling.data.folder import IMAGE_SUFFIXES, image_files
-from kindling.data.image_files import UnreadableImage, read_image
-from kindling.data.loaders import default_num_workers
-from kindling.data.normalize import to_model_input
+from kindling.data.loaders import PREDICT_SPLITS
 from kindling.data.sequence_table import Columns, read_sequence_table
 from kindling.data.sequences import Sequences
 from kindling.files import probe_writable, write_atomically
@@ -74,36 +71,6 @@ USAGE = (
 CSV_HEADERS = (b"file,class,probability", b"id,class,probability")
 
 
-class FilesToPredict(Dataset):
-    """`(image, index, readable)` for each file: the image decoded as in training (uint8,
-    resized, converted); a file that cannot be decoded gives a blank image and `readable=False`,
-    so one bad file costs its own row only."""
-
-    def __init__(self, files: list[Path], image_shape: list[int]):
-        self.files = files
-        self.channels, self.size = image_shape[0], image_shape[1]
-
-    def __len__(self) -> int:
-        return len(self.files)
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int, bool]:
-        try:
-            return read_image(self.files[index], self.channels, self.size), index, True
-        except UnreadableImage:
-            return torch.zeros(self.channels, self.size, self.size, dtype=torch.uint8), index, False
-
-
-class Standardise:
-    """Collate uint8 images into a batch standardised with the training set's statistics."""
-
-    def __init__(self, mean: torch.Tensor, std: torch.Tensor):
-        self.mean, self.std = mean, std
-
-    def __call__(self, samples: list[tuple[torch.Tensor, int, bool]]) -> list[torch.Tensor]:
-        images, indices, readable = default_collate(samples)
-        return [to_model_input(images, self.mean, self.std), indices, readable]
-
-
 def collate_to_predict(samples: list[tuple[torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
     """A padded batch of sequences whose "labels" are their indices (`SequencesToPredict`),
     laid out as an image batch ends: `[steps, lengths, indices, readable]`."""
@@ -112,8 +79,9 @@ def collate_to_predict(samples: list[tuple[torch.Tensor, torch.Tensor]]) -> list
 
 
 class CollectRows(BasePredictionWriter):
-    """Keep `(index, class, probability)` of each readable input (an image, or a sequence), and
-    the unreadable indices; a batch ends with `(indices, readable)`.
+    """Keep `(row, class, probability)` of each readable input (an image, or a sequence), and
+    the unreadable rows; a batch ends with `(rows, readable)` (kindling.data.loaders), or is a
+    split's own, served in order on one device.
 
     With several processes each predicts its own share of the files (Lightning's unrepeated
     distributed sampler: every file once), writes its rows to `parts/rank<N>.json` at the end,
@@ -131,7 +99,12 @@ class CollectRows(BasePredictionWriter):
         self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx
     ) -> None:
         confidence, classes = prediction.max(dim=1)
-        *_, indices, readable = batch
+        if batch[-1].dtype == torch.bool:  # new inputs: `[*inputs, rows, readable]`
+            *_, indices, readable = batch
+        else:  # a split's own batches, in order: their rows follow the last batch's
+            start = len(self.rows)
+            indices = torch.arange(start, start + len(classes))
+            readable = torch.ones(len(classes), dtype=torch.bool)
         for i, ok, c, p in zip(indices.tolist(), readable.tolist(), classes.tolist(),
                                confidence.tolist(), strict=True):  # fmt: skip
             if ok:
@@ -156,34 +129,6 @@ class CollectRows(BasePredictionWriter):
             unreadable.update(written["unreadable"])
         self.rows, self.unreadable = list(rows.values()), list(unreadable)
         shutil.rmtree(self.parts)
-
-
-def folder_files(folder: Path) -> list[Path]:
-    if not folder.is_dir():
-        raise UserError(f"input={folder} is not a folder. Give a folder of images, or test / val.")
-    files, skipped = image_files(folder)
-    if not files:
-        suffixes = ", ".join(sorted(IMAGE_SUFFIXES))
-        raise UserError(f"No image files ({suffixes}) in {folder}.")
-    if skipped:
-        log.info("Skipped %d files in %s that are not images (by suffix).", skipped, folder)
-    return files
-
-
-def images_to_predict(
-    args: PredictArgs, data_cfg: dict[str, Any], state: dict[str, Any]
-) -> tuple[list[str], DataLoader]:
-    """The image files of the folder `args.input` names, and a loader of them standardised."""
-    files = folder_files(Path(args.input))
-    loader = DataLoader(
-        FilesToPredict(files, data_cfg["image_shape"]),
-        batch_size=args.batch_size,
-        num_workers=(
-            default_num_workers(args.devices) if args.num_workers is None else args.num_workers
-        ),
-        collate_fn=Standardise(state["mean"], state["std"]),
-    )
-    return [str(f) for f in files], loader
 
 
 def sequences_to_predict(
@@ -294,7 +239,7 @@ def predict(args: PredictArgs) -> Path:
     class_names = state.get("classes")
     if args.devices < 1:
         raise UserError(f"devices={args.devices}: give the number of processes, 1 or more.")
-    if args.devices > 1 and args.input in ("test", "val"):
+    if args.devices > 1 and args.input in PREDICT_SPLITS:
         raise UserError(f"input={args.input} is predicted on one device: set devices=1.")
     trainer = L.Trainer(
         accelerator=args.accelerator, devices=args.devices,
@@ -302,21 +247,26 @@ def predict(args: PredictArgs) -> Path:
         precision=best_precision(args.accelerator), logger=False, enable_progress_bar=True,
         enable_model_summary=False,
     )  # fmt: skip
-    if args.input in ("test", "val"):
-        names, rows = _predict_split(trainer, module, data_cfg, state, args)
-        unreadable: list[str] = []
-    else:
-        to_predict = sequences_to_predict if is_sequences else images_to_predict
-        names, loader = to_predict(args, data_cfg, state)
-        collect = CollectRows(parts=output.parent / f".{output.name}.parts")
-        trainer.callbacks.append(collect)
+    collect = CollectRows(parts=output.parent / f".{output.name}.parts")
+    trainer.callbacks.append(collect)
+    if is_sequences and args.input not in PREDICT_SPLITS:  # a table: the data module's, to come
+        names, loader = sequences_to_predict(args, data_cfg, state)
         trainer.predict(module, dataloaders=loader, return_predictions=False)
-        if trainer.global_rank != 0:  # the first process writes the merged rows
-            return output
-        rows = sorted(collect.rows)
-        unreadable = [names[i] for i in sorted(collect.unreadable)]
-        for name in unreadable:
-            log.warning("Skipped %s: not a readable image (corrupt or truncated).", name)
+    else:
+        overrides = {"batch_size": args.batch_size}
+        if args.num_workers is not None:
+            overrides["num_workers"] = args.num_workers
+        datamodule = instantiate_stored(data_cfg, args.ckpt_path, **overrides)
+        datamodule.load_state_dict(state)
+        datamodule.predict_input = args.input
+        trainer.predict(module, datamodule=datamodule, return_predictions=False)
+        names = datamodule.predict_names
+    if trainer.global_rank != 0:  # the first process writes the merged rows
+        return output
+    rows = sorted(collect.rows)
+    unreadable = [names[i] for i in sorted(collect.unreadable)]
+    for name in unreadable:
+        log.warning("Skipped %s: not a readable image (corrupt or truncated).", name)
 
     header = ["id" if is_sequences else "file", "class", "probability"]
     write_predictions(output, header, [
@@ -327,31 +277,6 @@ def predict(args: PredictArgs) -> Path:
         log.warning("%d of %d files could not be decoded; they are not in %s.",
                     len(unreadable), len(names), output)  # fmt: skip
     return output
-
-
-def _predict_split(
-    trainer: L.Trainer,
-    module: L.LightningModule,
-    data_cfg: dict[str, Any],
-    state: dict[str, Any],
-    args: PredictArgs,
-) -> tuple[list[str], list[tuple[int, int, float]]]:
-    """Predict the test or val split of the training data, through the data module's own
-    loader and batch hooks (an image folder's batches are standardised on the device)."""
-    datamodule = instantiate_stored(data_cfg, args.ckpt_path, batch_size=args.batch_size)
-    datamodule.load_state_dict(state)
-    datamodule.predict_split = args.input
-    probabilities = torch.cat(trainer.predict(module, datamodule=datamodule))
-    confidence, classes = probabilities.max(dim=1)
-    dataset = getattr(datamodule, f"data_{args.input}")
-    samples = getattr(dataset, "samples", None)  # an image folder's (file, label) pairs
-    ids = getattr(dataset, "ids", None)  # a table's sequence ids
-    if samples:
-        names = [str(f) for f, _ in samples]
-    else:
-        names = [str(i) for i in (ids if ids is not None else range(len(dataset)))]
-    rows = list(zip(range(len(names)), classes.tolist(), confidence.tolist(), strict=True))
-    return names, rows
 
 
 @cli.main

@@ -4,6 +4,7 @@ import torch
 from sklearn.datasets import load_digits
 
 from kindling.data.image import InMemoryImageDataModule, Split
+from kindling.data.splits import split_off
 
 
 class DigitsDataModule(InMemoryImageDataModule):
@@ -23,7 +24,5 @@ class DigitsDataModule(InMemoryImageDataModule):
         images = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
         labels = torch.tensor(digits.target, dtype=torch.long)
         # A fixed seed for the test split, so test numbers compare across runs and seeds.
-        order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(1234))
-        num_test = round(len(order) * self.test_fraction)
-        test, train = order[:num_test], order[num_test:]
+        train, test = split_off(labels, self.test_fraction, seed=1234)
         return (images[train], labels[train]), (images[test], labels[test])

@@ -8,9 +8,10 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
+from torch.utils.data import Dataset
 
 from kindling.config.errors import UserError
+from kindling.data.image_files import ImageFiles
 
 log = logging.getLogger(__name__)
 
@@ -123,15 +124,16 @@ def read_image_folder(root: str | Path) -> FolderSplits:
     return folder
 
 
-def carve(samples: Samples, fraction: float, seed: int) -> tuple[Samples, Samples]:
-    """Split off a seeded `fraction` of `samples` (at least one): `(rest, carved)`."""
-    order = torch.randperm(len(samples), generator=torch.Generator().manual_seed(seed)).tolist()
-    count = max(1, round(len(samples) * fraction))
-    if count >= len(samples):
-        raise UserError(
-            f"Only {len(samples)} training images: too few to hold out {fraction:.0%} of them. "
-            "Add images, or give val/ and test/ folders."
-        )
-    carved = sorted(order[:count])
-    rest = sorted(order[count:])
-    return [samples[i] for i in rest], [samples[i] for i in carved]
+def files_to_predict(folder: str | Path, channels: int, size: int) -> tuple[Dataset, list[str]]:
+    """The image files under `folder` (`python -m kindling.predict input=<folder>`), as a data
+    set of `(image, row, readable)`, and their names, in the folder's sorted order."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise UserError(f"input={folder} is not a folder. Give a folder of images, or test / val.")
+    files, skipped = image_files(folder)
+    if not files:
+        raise UserError(f"No image files ({', '.join(sorted(IMAGE_SUFFIXES))}) in {folder}.")
+    if skipped:
+        log.info("Skipped %d files in %s that are not images (by suffix).", skipped, folder)
+    rows = list(zip(files, range(len(files)), strict=True))
+    return ImageFiles(rows, channels, size, predicting=True), [str(f) for f in files]

@@ -9,9 +9,10 @@ from lightning.pytorch.accelerators import CUDAAccelerator
 from torch.utils.data import DataLoader
 
 from kindling.config.errors import UserError
-from kindling.data.folds import check_folds, fold_split
 from kindling.data.in_memory import BatchIndexedTensors
-from kindling.data.loaders import SplitDataModule, per_device_batch_size
+from kindling.data.loaders import PREDICT_SPLITS, SplitDataModule, per_device_batch_size
+from kindling.data.normalize import to_model_input
+from kindling.data.splits import check_folds, split_off
 
 if TYPE_CHECKING:
     from kindling.data.device_loader import DeviceTensorLoader
@@ -40,7 +41,7 @@ class InMemoryImageDataModule(SplitDataModule):
         seed: seed of the validation split (or folds), independent of the run's seed (the split
             stays the same across a seed sweep).
         folds, fold: k-fold cross-validation: the training split is cut into `folds` stratified,
-            seeded folds (kindling.data.folds); fold `fold` is validation, the others train
+            seeded folds (kindling.data.splits); fold `fold` is validation, the others train
             (`val_fraction` is then unused). None: a `val_fraction` carved at random.
         shuffle_seed: seed of the order of training batches (configs pass the run's `seed`);
             None draws one, the same on every rank.
@@ -99,6 +100,14 @@ class InMemoryImageDataModule(SplitDataModule):
         """Return `(train, test)`, each `(images, labels)` with images float in [0, 1]."""
 
     def setup(self, stage: str | None = None) -> None:
+        if stage == "predict" and self.predict_input not in PREDICT_SPLITS:  # image files
+            from kindling.data.folder import files_to_predict
+
+            channels, size = self.hparams.image_shape[:2]
+            self.data_predict, self.names_to_predict = files_to_predict(
+                self.predict_input, channels, size
+            )
+            return
         if self.data_train is not None:
             return
         self.batch_size_per_device  # noqa: B018 - validate before loading anything
@@ -106,14 +115,9 @@ class InMemoryImageDataModule(SplitDataModule):
         self._check(train_images, train_labels)
 
         hp = self.hparams
-        if hp.folds is not None:
-            train_idx, val_idx = fold_split(train_labels, hp.folds, hp.fold, hp.seed)
-        else:
-            order = torch.randperm(
-                len(train_labels), generator=torch.Generator().manual_seed(hp.seed)
-            )
-            num_val = max(1, round(len(order) * hp.val_fraction))
-            val_idx, train_idx = order[:num_val], order[num_val:]
+        train_idx, val_idx = split_off(
+            train_labels, hp.val_fraction, hp.seed, folds=hp.folds, fold=hp.fold
+        )
 
         # Statistics of the training part only: nothing from validation or test leaks in.
         self.mean = train_images[train_idx].mean(dim=(0, 2, 3), keepdim=True)
@@ -128,6 +132,9 @@ class InMemoryImageDataModule(SplitDataModule):
         return (images - self.mean) / self.std
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        if isinstance(batch, list) and batch[0].dtype == torch.uint8:  # image files to predict
+            mean, std = self.mean.to(batch[0].device), self.std.to(batch[0].device)
+            return [to_model_input(batch[0], mean, std), *batch[1:]]
         if not (self.batch_augment and self.trainer is not None and self.trainer.training):
             return batch
         if not isinstance(batch, list | tuple):  # the model summary's example input
@@ -181,7 +188,7 @@ class InMemoryImageDataModule(SplitDataModule):
     def _loader(
         self, dataset: BatchIndexedTensors | None, shuffle: bool, drop_last: bool = False
     ) -> "DataLoader | DeviceTensorLoader":
-        if dataset is None or not self.serves_on_device():
+        if not isinstance(dataset, BatchIndexedTensors) or not self.serves_on_device():
             return super()._loader(dataset, shuffle, drop_last=drop_last)
         from kindling.data.device_loader import serve_on_device  # imported where it is used
 

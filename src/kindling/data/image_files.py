@@ -56,6 +56,8 @@ class ImageFiles(Dataset):
         skip_unreadable: serve the next readable file in place of one that cannot be decoded
             (named in a warning, once per worker) so a run never dies mid-epoch on a bad file
             and every batch keeps its size; otherwise raise `UnreadableImage`.
+        predicting: serve `(image, label, readable)`, a blank image where a file cannot be
+            decoded (the labels are then rows of `predict_names`: kindling.data.loaders).
 
     In a DataLoader worker its state is the worker's torch generator, which `transform` draws
     from: torchdata's `StatefulDataLoader` saves it with the loader's position, so a run resumed
@@ -70,11 +72,13 @@ class ImageFiles(Dataset):
         size: int,
         transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
         skip_unreadable: bool = True,
+        predicting: bool = False,
     ):
         self.samples = samples
         self.channels, self.size = channels, size
         self.transform = transform
         self.skip_unreadable = skip_unreadable
+        self.predicting = predicting
         self.reported: set[Path] = set()
         self.rank = 0
 
@@ -90,7 +94,14 @@ class ImageFiles(Dataset):
     def __len__(self) -> int:
         return len(self.samples)
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int] | tuple[torch.Tensor, int, bool]:
+        if self.predicting:
+            path, row = self.samples[index]
+            try:
+                return read_image(path, self.channels, self.size), row, True
+            except UnreadableImage:
+                blank = torch.zeros(self.channels, self.size, self.size, dtype=torch.uint8)
+                return blank, row, False
         for offset in range(len(self.samples)):
             path, label = self.samples[(index + offset) % len(self.samples)]
             try:

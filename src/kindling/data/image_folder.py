@@ -10,12 +10,12 @@ from torch.utils.data import DataLoader
 
 from kindling.config.errors import UserError
 from kindling.data.augment import Transform, worker_transform
-from kindling.data.folder import Samples, carve, read_image_folder
-from kindling.data.folds import check_folds, fold_split
+from kindling.data.folder import Samples, files_to_predict, read_image_folder
 from kindling.data.gpu_decode import EncodedImageFiles, check_decode_device, decode_batch
 from kindling.data.image_files import ImageFiles, readable
-from kindling.data.loaders import SplitDataModule, per_device_batch_size
+from kindling.data.loaders import PREDICT_SPLITS, SplitDataModule, per_device_batch_size
 from kindling.data.normalize import cached_statistics, channel_statistics, to_model_input
+from kindling.data.splits import check_folds, split_off
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ class ImageFolderDataModule(SplitDataModule):
         test_fraction: share of train held out for testing when there is no `test/`.
         seed: seed of the carved splits (and folds) and of the statistics' sample.
         folds, fold: k-fold cross-validation, without a `val/` folder: what train keeps after the
-            test split is cut into `folds` stratified, seeded folds (kindling.data.folds); fold
+            test split is cut into `folds` stratified, seeded folds (kindling.data.splits); fold
             `fold` is validation, the others train (`val_fraction` is then unused).
         augment: training-time transforms (torchvision.transforms.v2, applied to uint8 images).
         mean: per-channel mean in [0, 1] units; null: measured on the training split.
@@ -112,9 +112,14 @@ class ImageFolderDataModule(SplitDataModule):
         self._on_device: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def setup(self, stage: str | None = None) -> None:
+        hp = self.hparams
+        if stage == "predict" and self.predict_input not in PREDICT_SPLITS:  # image files
+            self.data_predict, self.names_to_predict = files_to_predict(
+                self.predict_input, hp.channels, hp.image_size
+            )
+            return
         if self.data_train is not None:
             return
-        hp = self.hparams
         self.batch_size_per_device  # noqa: B018 - validate before reading any file
         folder = read_image_folder(hp.path)
         if len(folder.classes) != hp.num_classes:
@@ -142,24 +147,16 @@ class ImageFolderDataModule(SplitDataModule):
 
     def _splits(self, on_disk: dict[str, Samples]) -> dict[str, Samples]:
         hp = self.hparams
-        train = on_disk["train"]
-        test = on_disk.get("test")
-        if test is None:
-            train, test = carve(train, hp.test_fraction, hp.seed)
-        val = on_disk.get("val")
+        train, test, val = on_disk["train"], on_disk.get("test"), on_disk.get("val")
         if val is not None and hp.folds is not None:
             raise UserError(
                 f"data.folds={hp.folds}: {Path(hp.path) / 'val'} is a validation split of its own. "
                 "Leave out data.folds and data.fold, or move val/ into train/ to cross-validate."
             )
-        if hp.folds is not None:
-            labels = torch.tensor([label for _, label in train])
-            train_idx, val_idx = (
-                i.tolist() for i in fold_split(labels, hp.folds, hp.fold, hp.seed + 1)
-            )
-            train, val = [train[i] for i in train_idx], [train[i] for i in val_idx]
-        elif val is None:
-            train, val = carve(train, hp.val_fraction, hp.seed + 1)
+        if test is None:
+            train, test = _split(train, hp.test_fraction, hp.seed)
+        if val is None:
+            train, val = _split(train, hp.val_fraction, hp.seed + 1, hp.folds, hp.fold)
         for name, samples in (("val", val), ("test", test)):
             if not samples:
                 raise UserError(
@@ -220,7 +217,7 @@ class ImageFolderDataModule(SplitDataModule):
         return super().train_dataloader()
 
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        if self.hparams.decode_device != "cuda":
+        if self.hparams.decode_device != "cuda" or self.data_predict is not None:
             return batch
         encoded, labels = batch
         transform = self.transform if self.trainer.training else None
@@ -231,13 +228,13 @@ class ImageFolderDataModule(SplitDataModule):
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         if not isinstance(batch, list | tuple):  # the model summary's example input
             return batch
-        images, labels = batch
+        images, *rest = batch  # labels, or a prediction's rows and readable
         if images.device not in self._on_device:  # the statistics, copied once per device
             self._on_device[images.device] = (
                 self.mean.to(images.device),
                 self.std.to(images.device),
             )
-        return to_model_input(images, *self._on_device[images.device]), labels
+        return [to_model_input(images, *self._on_device[images.device]), *rest]
 
     def state_dict(self) -> dict[str, Any]:
         # Lightning stores this in every checkpoint: prediction needs no training data.
@@ -250,3 +247,11 @@ class ImageFolderDataModule(SplitDataModule):
         self.mean, self.std = state_dict["mean"], state_dict["std"]
         self.classes = state_dict["classes"]
         self._on_device.clear()
+
+
+def _split(
+    samples: Samples, fraction: float, seed: int, folds: int | None = None, fold: int | None = None
+) -> tuple[Samples, Samples]:
+    labels = torch.tensor([label for _, label in samples])
+    rest, held = split_off(labels, fraction, seed, folds=folds, fold=fold)
+    return [samples[i] for i in rest.tolist()], [samples[i] for i in held.tolist()]

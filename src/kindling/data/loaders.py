@@ -16,6 +16,8 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from kindling.config.errors import UserError
 
+PREDICT_SPLITS = ("test", "val")  # the splits `python -m kindling.predict input=` names
+
 
 def per_device_batch_size(batch_size: int, world_size: int) -> int:
     """Split a global batch size evenly over `world_size` processes."""
@@ -128,8 +130,15 @@ class SplitDataModule(L.LightningDataModule):
     data_val: Dataset | None = None
     data_test: Dataset | None = None
     fixed_batch_shapes: bool = True
-    # Which split `predict_dataloader` serves (`python -m kindling.predict input=test|val`).
-    predict_split: str = "test"
+    # What `predict_dataloader` serves (`python -m kindling.predict input=...`), set before
+    # `trainer.predict`: a split, "test" or "val" (its own batches, in order, on one device), or
+    # the path of new inputs of the data's kind (a folder of images, a table). For a path,
+    # `setup("predict")` sets `data_predict`, whose batches are `[*inputs, rows, readable]`:
+    # `rows` index `predict_names` (the CSV's first column), and `readable` is False where an
+    # input could not be read (a corrupt image: its row is left out and named).
+    predict_input: str = "test"
+    data_predict: Dataset | None = None
+    names_to_predict: list[str] | None = None
 
     @property
     def batch_size_per_device(self) -> int:
@@ -230,4 +239,17 @@ class SplitDataModule(L.LightningDataModule):
         return self._loader(self.data_test, shuffle=False)
 
     def predict_dataloader(self) -> DataLoader:
-        return self._loader(getattr(self, f"data_{self.predict_split}"), shuffle=False)
+        if self.predict_input in PREDICT_SPLITS:
+            return self._loader(getattr(self, f"data_{self.predict_input}"), shuffle=False)
+        return self._loader(self.data_predict, shuffle=False)
+
+    @property
+    def predict_names(self) -> list[str]:
+        """The name of each row `predict_dataloader` serves: a file, a sequence id, an index."""
+        if self.predict_input not in PREDICT_SPLITS:
+            return self.names_to_predict
+        dataset = getattr(self, f"data_{self.predict_input}")
+        if getattr(dataset, "samples", None):  # an image folder's (file, label) pairs
+            return [str(file) for file, _ in dataset.samples]
+        ids = getattr(dataset, "ids", None)  # a table's sequence ids
+        return [str(i) for i in (ids if ids is not None else range(len(dataset)))]

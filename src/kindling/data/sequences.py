@@ -8,13 +8,13 @@ from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import Dataset
 
 from kindling.config.errors import UserError
-from kindling.data.folds import check_folds, fold_split
 from kindling.data.loaders import (
     ResumableDistributedSampler,
     SplitDataModule,
     per_device_batch_size,
 )
 from kindling.data.sequence_table import Columns, SequenceTable, read_sequence_table
+from kindling.data.splits import check_folds, fold_split
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ def stratified_holdout(
     labels: torch.Tensor, fraction: float, seed: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`(rest, held out)` indices: the held-out part is fold 0 of `round(1 / fraction)`
-    stratified, seeded folds (kindling.data.folds), so each class keeps its share; at least one
+    stratified, seeded folds (kindling.data.splits), so each class keeps its share; at least one
     sequence is held out of a set smaller than that many folds."""
     return fold_split(labels, max(2, min(round(1 / fraction), len(labels))), 0, seed)
 

@@ -1,4 +1,4 @@
-"""k-fold cross-validation: the validation fold of the training data, stratified and seeded."""
+"""Every data set's train/val/test split: seeded, stratified where asked, or k-fold."""
 
 import torch
 
@@ -43,3 +43,30 @@ def fold_split(
     assigned = torch.empty(len(labels), dtype=torch.long)
     assigned[by_class] = torch.arange(len(labels)) % folds
     return (assigned != fold).nonzero().squeeze(1), (assigned == fold).nonzero().squeeze(1)
+
+
+def split_off(
+    labels: torch.Tensor,
+    fraction: float,
+    seed: int,
+    *,
+    folds: int | None = None,
+    fold: int | None = None,
+    stratify: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(rest, held out)` indices into `labels`, each ascending: fold `fold` of `folds` when
+    given (`fold_split`), else a seeded `fraction` of the samples (at least one); `stratify`
+    keeps each class's share, as fold 0 of `round(1 / fraction)` folds does."""
+    if folds is not None:
+        return fold_split(labels, folds, fold, seed)
+    count = len(labels)
+    if stratify:
+        return fold_split(labels, max(2, min(round(1 / fraction), count)), 0, seed)
+    held = max(1, round(count * fraction))
+    if held >= count:
+        raise UserError(
+            f"Only {count} training samples: too few to hold out {fraction:.0%} of them. Add "
+            "samples, or give the split of your own."
+        )
+    order = torch.randperm(count, generator=torch.Generator().manual_seed(seed))
+    return order[held:].sort().values, order[:held].sort().values
