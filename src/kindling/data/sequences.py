@@ -9,11 +9,17 @@ from torch.utils.data import Dataset
 
 from kindling.config.errors import UserError
 from kindling.data.loaders import (
+    PREDICT_SPLITS,
     ResumableDistributedSampler,
     SplitDataModule,
     per_device_batch_size,
 )
-from kindling.data.sequence_table import Columns, SequenceTable, read_sequence_table
+from kindling.data.sequence_table import (
+    TABLE_READING,
+    Columns,
+    SequenceTable,
+    read_sequence_table,
+)
 from kindling.data.splits import check_folds, fold_split
 
 log = logging.getLogger(__name__)
@@ -59,6 +65,49 @@ class Sequences(Dataset):
         lengths = torch.tensor([len(sequence) for sequence in steps], dtype=torch.long)
         labels = torch.stack([label for _, label in samples])
         return pad_sequence(steps, batch_first=True), lengths, labels
+
+
+def table_to_predict(
+    path: str, reading: dict[str, Any], features: list[str], mean: torch.Tensor, std: torch.Tensor
+) -> tuple[Sequences, list[str]]:
+    """The sequences of the table `python -m kindling.predict input=<table>` names, in the order
+    their ids first appear, and their ids: read as the training table was (`reading`: its
+    TABLE_READING keys), features in the training order, standardised with its statistics.
+    Batches end with `(rows, readable)`, as every data module's new inputs do."""
+    columns = Columns.of(reading)
+    table = read_sequence_table(path, columns, reading["missing"], to_predict=True, option="input")
+    check_features(table.features, features, path, columns)
+    take = [table.features.index(name) for name in features]
+    order = sorted(range(len(table.ids)), key=table.first_rows.__getitem__)
+    sequences = [table.sequences[i][:, take] for i in order]
+    dataset = Sequences(sequences, torch.arange(len(order)), mean, std)  # labels: the rows
+
+    def collate(samples: list[tuple[torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
+        steps, lengths, rows = Sequences.collate(samples)
+        return [steps, lengths, rows, torch.ones(len(rows), dtype=torch.bool)]
+
+    dataset.collate = collate
+    return dataset, [str(table.ids[i]) for i in order]
+
+
+def check_features(found: list[str], trained: list[str], path: str, columns: Columns) -> None:
+    """Refuse a table whose feature columns are not the ones the checkpoint was trained on."""
+    missing = [name for name in trained if name not in found]
+    if missing:
+        raise UserError(
+            f"input={path} has no feature column {missing[0]!r}, which the checkpoint was "
+            f"trained on (features: {', '.join(trained)}). Add it."
+        )
+    extra = [name for name in found if name not in trained]
+    if extra:
+        special = ", ".join(
+            f"{what} {name!r}" for what, name in zip(("id", "label", "time", "split"), (
+                columns.id, columns.label, columns.time, columns.split), strict=True) if name
+        )  # fmt: skip
+        raise UserError(
+            f"input={path} has a column {extra[0]!r} that is not a feature the checkpoint was "
+            f"trained on (features: {', '.join(trained)}; {special}). Drop it."
+        )
 
 
 def stratified_holdout(
@@ -127,9 +176,15 @@ class SequenceTableDataModule(SplitDataModule):
         self._table: SequenceTable | None = None
 
     def setup(self, stage: str | None = None) -> None:
+        hp = self.hparams
+        if stage == "predict" and self.predict_input not in PREDICT_SPLITS:  # a new table
+            reading = {key: hp[key] for key in TABLE_READING}
+            self.data_predict, self.names_to_predict = table_to_predict(
+                self.predict_input, reading, self.features, self.mean, self.std
+            )
+            return
         if self.data_train is not None:
             return
-        hp = self.hparams
         self.batch_size_per_device  # noqa: B018 - validate before reading the table
         table = self.table
         splits = self._splits(table)

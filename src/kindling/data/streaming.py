@@ -14,7 +14,7 @@ from litdata.exceptions import ChunkWaitTimeoutError
 
 from kindling.config.errors import UserError
 from kindling.data.augment import Transform, worker_transform
-from kindling.data.loaders import SplitDataModule, per_device_batch_size
+from kindling.data.loaders import PREDICT_SPLITS, SplitDataModule, per_device_batch_size
 from kindling.data.normalize import to_model_input
 from kindling.data.prepared import (
     SEQUENCES,
@@ -25,7 +25,7 @@ from kindling.data.prepared import (
     split_location,
 )
 from kindling.data.sequence_table import TABLE_READING
-from kindling.data.sequences import Sequences, standardised
+from kindling.data.sequences import Sequences, standardised, table_to_predict
 from kindling.files import probe_writable
 
 log = logging.getLogger(__name__)
@@ -173,6 +173,12 @@ class StreamingDataModule(SplitDataModule):
         }
 
     def setup(self, stage: str | None = None) -> None:
+        if stage == "predict" and self.predict_input not in PREDICT_SPLITS and self.features:
+            # A new table, read as the copy's was (a checkpoint's `table_reading`).
+            self.data_predict, self.names_to_predict = table_to_predict(
+                self.predict_input, self.table_reading, self.features, self.mean, self.std
+            )
+            return
         if self.data_train is not None:
             return
         hp = self.hparams
@@ -261,6 +267,8 @@ class StreamingDataModule(SplitDataModule):
 
     def _loader(self, dataset: PreparedSplit | None, shuffle: bool = False, sampler: Any = None,
                 drop_last: bool = False) -> StreamingDataLoader:  # fmt: skip
+        if not isinstance(dataset, PreparedSplit):  # a new table to predict: a plain loader
+            return super()._loader(dataset, shuffle, sampler, drop_last)
         # LitData shuffles and shares out each epoch itself (the data set's `shuffle`, `seed`).
         # True: every process the same number of whole batches (none waits for the others at
         # the end); False (one process evaluating): every sample once.
