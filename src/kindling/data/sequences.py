@@ -20,7 +20,7 @@ from kindling.data.sequence_table import (
     SequenceTable,
     read_sequence_table,
 )
-from kindling.data.splits import check_folds, fold_split
+from kindling.data.splits import check_folds, split_off
 
 log = logging.getLogger(__name__)
 
@@ -108,15 +108,6 @@ def check_features(found: list[str], trained: list[str], path: str, columns: Col
             f"input={path} has a column {extra[0]!r} that is not a feature the checkpoint was "
             f"trained on (features: {', '.join(trained)}; {special}). Drop it."
         )
-
-
-def stratified_holdout(
-    labels: torch.Tensor, fraction: float, seed: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """`(rest, held out)` indices: the held-out part is fold 0 of `round(1 / fraction)`
-    stratified, seeded folds (kindling.data.splits), so each class keeps its share; at least one
-    sequence is held out of a set smaller than that many folds."""
-    return fold_split(labels, max(2, min(round(1 / fraction), len(labels))), 0, seed)
 
 
 class SequenceTableDataModule(SplitDataModule):
@@ -228,15 +219,13 @@ class SequenceTableDataModule(SplitDataModule):
                 f"data.folds={hp.folds}: data.path={hp.path} has a val split of its own. Leave "
                 "out data.folds and data.fold, or mark those sequences train to cross-validate."
             )
-        train = given["train"]
+        train, labels = given["train"], table.labels
         if not len(given["test"]):
-            rest, test = stratified_holdout(table.labels[train], hp.test_fraction, hp.seed)
+            rest, test = split_off(labels[train], hp.test_fraction, hp.seed, stratify=True)
             train, given["test"] = train[rest], train[test]
-        if hp.folds is not None:
-            rest, val = fold_split(table.labels[train], hp.folds, hp.fold, hp.seed + 1)
-            train, given["val"] = train[rest], train[val]
-        elif not len(given["val"]):
-            rest, val = stratified_holdout(table.labels[train], hp.val_fraction, hp.seed + 1)
+        if hp.folds is not None or not len(given["val"]):
+            rest, val = split_off(labels[train], hp.val_fraction, hp.seed + 1, folds=hp.folds,
+                                  fold=hp.fold, stratify=True)  # fmt: skip
             train, given["val"] = train[rest], train[val]
         return {"train": train, "val": given["val"], "test": given["test"]}
 
