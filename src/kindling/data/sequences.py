@@ -67,6 +67,13 @@ class Sequences(Dataset):
         return pad_sequence(steps, batch_first=True), lengths, labels
 
 
+def collate_to_predict(samples: list[tuple[torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
+    """A padded batch of sequences whose labels are their rows, laid out as new inputs are:
+    `[steps, lengths, rows, readable]`."""
+    steps, lengths, rows = Sequences.collate(samples)
+    return [steps, lengths, rows, torch.ones(len(rows), dtype=torch.bool)]
+
+
 def table_to_predict(
     path: str, reading: dict[str, Any], features: list[str], mean: torch.Tensor, std: torch.Tensor
 ) -> tuple[Sequences, list[str]]:
@@ -76,38 +83,30 @@ def table_to_predict(
     Batches end with `(rows, readable)`, as every data module's new inputs do."""
     columns = Columns.of(reading)
     table = read_sequence_table(path, columns, reading["missing"], to_predict=True, option="input")
-    check_features(table.features, features, path, columns)
+    check_features(table.features, features, path)
     take = [table.features.index(name) for name in features]
     order = sorted(range(len(table.ids)), key=table.first_rows.__getitem__)
     sequences = [table.sequences[i][:, take] for i in order]
     dataset = Sequences(sequences, torch.arange(len(order)), mean, std)  # labels: the rows
-
-    def collate(samples: list[tuple[torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
-        steps, lengths, rows = Sequences.collate(samples)
-        return [steps, lengths, rows, torch.ones(len(rows), dtype=torch.bool)]
-
-    dataset.collate = collate
+    dataset.collate = collate_to_predict
     return dataset, [str(table.ids[i]) for i in order]
 
 
-def check_features(found: list[str], trained: list[str], path: str, columns: Columns) -> None:
+def check_features(found: list[str], trained: list[str], path: str) -> None:
     """Refuse a table whose feature columns are not the ones the checkpoint was trained on."""
-    missing = [name for name in trained if name not in found]
-    if missing:
-        raise UserError(
-            f"input={path} has no feature column {missing[0]!r}, which the checkpoint was "
-            f"trained on (features: {', '.join(trained)}). Add it."
-        )
-    extra = [name for name in found if name not in trained]
-    if extra:
-        special = ", ".join(
-            f"{what} {name!r}" for what, name in zip(("id", "label", "time", "split"), (
-                columns.id, columns.label, columns.time, columns.split), strict=True) if name
-        )  # fmt: skip
-        raise UserError(
-            f"input={path} has a column {extra[0]!r} that is not a feature the checkpoint was "
-            f"trained on (features: {', '.join(trained)}; {special}). Drop it."
-        )
+    for name in trained:
+        if name not in found:
+            raise UserError(
+                f"input={path} has no feature column {name!r}, which the checkpoint was trained "
+                f"on (features: {', '.join(trained)}). Add it."
+            )
+    for name in found:
+        if name not in trained:
+            raise UserError(
+                f"input={path} has a column {name!r} that is not a feature the checkpoint was "
+                f"trained on (features: {', '.join(trained)}), nor its id, label, time or split "
+                "column. Drop it."
+            )
 
 
 class SequenceTableDataModule(SplitDataModule):
