@@ -84,14 +84,14 @@ def test_model_and_data_build_from_config(
     compose_config, image_folder, model: str, data: str
 ) -> None:
     cfg = compose_config(*with_data_path([f"model={model}", f"data={data}"], image_folder))
+    datamodule = instantiate(cfg.data, _convert_="all")
+    fill_in_from_data(cfg.data, datamodule)  # what only the data knows
     if data == "sequences" and model in ("cnn", "timm"):  # nets that read images only
         with pytest.raises(
             UserError, match=f"refused its values: model={model} reads images, .* model=lstm"
         ):
             build(cfg.model, "model")
         return
-    datamodule = instantiate(cfg.data, _convert_="all")
-    fill_in_from_data(cfg.data, datamodule)  # what a run reads from the data: the class count
     module = instantiate(cfg.model, _convert_="all")
     assert isinstance(datamodule, SplitDataModule)
     assert isinstance(module, Classifier)

@@ -155,8 +155,8 @@ def test_every_family_learns_where_a_pattern_lies(
         *SMALL[model], "model.optimizer.lr=0.003", f"trainer={trainer}", "trainer.max_epochs=12",
         "callbacks.early_stopping=null", "callbacks.plots=null", *QUIET,
     )  # fmt: skip
-    assert cfg.model.net.num_features == 3 and cfg.model.num_classes == 3  # read from the table
-    run(cfg)
+    run(cfg)  # reads the feature and class counts from the table into the config
+    assert cfg.model.net.num_features == 3 and cfg.model.num_classes == 3
     with open(Path(cfg.paths.output_dir) / "csv" / "metrics.csv") as f:
         (tested,) = [row for row in csv.DictReader(f) if row.get("test/acc")]
     assert float(tested["test/acc"]) >= 0.9

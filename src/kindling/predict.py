@@ -32,19 +32,15 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.utilities import rank_zero_only
-from torch.utils.data import DataLoader
 
 from kindling import cli
 from kindling.config.errors import UserError
 from kindling.data.loaders import PREDICT_SPLITS
-from kindling.data.sequence_table import Columns, read_sequence_table
-from kindling.data.sequences import Sequences
 from kindling.files import probe_writable, write_atomically
 from kindling.garbage_collection import skip_collections_at_exit
 from kindling.hardware import best_precision
@@ -71,13 +67,6 @@ USAGE = (
 )
 # The first line of the CSV predict writes, for images and for sequences.
 CSV_HEADERS = (b"file,class,probability", b"id,class,probability")
-
-
-def collate_to_predict(samples: list[tuple[torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
-    """A padded batch of sequences whose "labels" are their indices (`SequencesToPredict`),
-    laid out as an image batch ends: `[steps, lengths, indices, readable]`."""
-    steps, lengths, indices = Sequences.collate(samples)
-    return [steps, lengths, indices, torch.ones(len(indices), dtype=torch.bool)]
 
 
 class CollectRows(BasePredictionWriter):
@@ -131,52 +120,6 @@ class CollectRows(BasePredictionWriter):
             unreadable.update(written["unreadable"])
         self.rows, self.unreadable = list(rows.values()), list(unreadable)
         shutil.rmtree(self.parts)
-
-
-def sequences_to_predict(
-    args: PredictArgs, data_cfg: dict[str, Any], state: dict[str, Any]
-) -> tuple[list[str], DataLoader]:
-    """The ids of the table `args.input` names, in the order they first appear, and a loader
-    of their sequences: read as the training table was (kindling.data.sequence_table, the
-    checkpoint's column names and `missing`), features in the checkpoint's order, standardised
-    with its statistics as in training (kindling.data.sequences.Sequences)."""
-    reading = state.get("table_reading") or data_cfg  # a streamed copy's: how its table was read
-    columns = Columns.of(reading)
-    table = read_sequence_table(
-        args.input, columns, reading["missing"], to_predict=True, option="input"
-    )
-    trained = list(state["features"])
-    check_features(table.features, trained, args.input, columns)
-    take = [table.features.index(name) for name in trained]
-    order = sorted(range(len(table.ids)), key=table.first_rows.__getitem__)
-    sequences = [table.sequences[i][:, take] for i in order]
-    # Each sequence's "label" is its row in the CSV: the batch carries it to CollectRows.
-    dataset = Sequences(sequences, torch.arange(len(order)), state["mean"], state["std"])
-    loader = DataLoader(
-        dataset, batch_size=args.batch_size, num_workers=args.num_workers or 0,
-        collate_fn=collate_to_predict,
-    )  # fmt: skip
-    return [str(table.ids[i]) for i in order], loader
-
-
-def check_features(found: list[str], trained: list[str], path: str, columns: Columns) -> None:
-    """Refuse a table whose feature columns are not the ones the checkpoint was trained on."""
-    missing = [name for name in trained if name not in found]
-    if missing:
-        raise UserError(
-            f"input={path} has no feature column {missing[0]!r}, which the checkpoint was "
-            f"trained on (features: {', '.join(trained)}). Add it."
-        )
-    extra = [name for name in found if name not in trained]
-    if extra:
-        special = ", ".join(
-            f"{what} {name!r}" for what, name in zip(("id", "label", "time", "split"), (
-                columns.id, columns.label, columns.time, columns.split), strict=True) if name
-        )  # fmt: skip
-        raise UserError(
-            f"input={path} has a column {extra[0]!r} that is not a feature the checkpoint was "
-            f"trained on (features: {', '.join(trained)}; {special}). Drop it."
-        )
 
 
 def check_output(args: PredictArgs) -> Path:
@@ -251,18 +194,14 @@ def predict(args: PredictArgs) -> Path:
     )  # fmt: skip
     collect = CollectRows(parts=output.parent / f".{output.name}.parts")
     trainer.callbacks.append(collect)
-    if is_sequences and args.input not in PREDICT_SPLITS:  # a table: the data module's, to come
-        names, loader = sequences_to_predict(args, data_cfg, state)
-        trainer.predict(module, dataloaders=loader, return_predictions=False)
-    else:
-        overrides = {"batch_size": args.batch_size}
-        if args.num_workers is not None:
-            overrides["num_workers"] = args.num_workers
-        datamodule = instantiate_stored(data_cfg, args.ckpt_path, **overrides)
-        datamodule.load_state_dict(state)
-        datamodule.predict_input = args.input
-        trainer.predict(module, datamodule=datamodule, return_predictions=False)
-        names = datamodule.predict_names
+    overrides = {"batch_size": args.batch_size}
+    if args.num_workers is not None:
+        overrides["num_workers"] = args.num_workers
+    datamodule = instantiate_stored(data_cfg, args.ckpt_path, **overrides)
+    datamodule.load_state_dict(state)
+    datamodule.predict_input = args.input
+    trainer.predict(module, datamodule=datamodule, return_predictions=False)
+    names = datamodule.predict_names
     if trainer.global_rank != 0:  # the first process writes the merged rows
         return output
     rows = sorted(collect.rows)

@@ -3,16 +3,12 @@
     python -m kindling.prepare data=image_folder data.path=<images> output=<folder>
 
 Each split (`<folder>/train`, `val`, `test`) is written by LitData's `optimize()` in parallel
-workers: the images exactly as the data config serves them before augmentation (decoded,
-resized, uint8), or the sequences of `data=sequences` as the table holds them (float32 `(T, F)`,
-any length, not standardised: data=streaming standardises them as data=sequences does, with the
-training split's statistics stored beside them), with their labels and their index in the
-split, in a seeded random order.
-Sources list their samples sorted (an image folder class by class), and LitData's shuffling
-only reorders chunks and the samples within the chunks a worker holds: a copy written in the
-source's order streams batches of mostly one class. `<folder>/kindling.json`
-describes the copy (kindling.data.prepared). Running it again on a finished copy of the same
-data config does nothing; an interrupted one is started over.
+workers: images as the data config serves them before augmentation (uint8), or sequences as the
+table holds them (float32 `(T, F)`, standardised when streamed), in a seeded random order:
+LitData's shuffling only reorders chunks and the samples within a worker's chunks, so a copy in
+the source's order (an image folder's, class by class) would stream batches of mostly one
+class. `<folder>/kindling.json` describes the copy (kindling.data.prepared). Running it again on
+a finished copy of the same data config does nothing; an interrupted one is started over.
 """
 
 import functools

@@ -133,7 +133,7 @@ def train_and_test(cfg: DictConfig) -> float | None:
 
         datamodule: L.LightningDataModule = build(cfg.data, "data")
         fill_in_from_data(cfg.data, datamodule)
-        check_arguments(cfg.model, "model")
+        check_arguments(cfg.model, "model")  # with what the data filled in
         model: L.LightningModule = build(cfg.model, "model")
         if checkpoint is not None:  # the weights' shapes are known once the model is built
             checks.check_weights_fit(checkpoint, model)

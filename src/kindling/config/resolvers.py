@@ -8,21 +8,6 @@ from omegaconf import ListConfig, OmegaConf
 from kindling.config.errors import UserError
 
 
-# The data sets' own resolvers: their modules load when a config of theirs is resolved.
-def sequence_table(key: str, *, _parent_: Any) -> int:
-    from kindling.data.sequence_table import table_value
-
-    return table_value(key, _parent_=_parent_)
-
-
-def prepared_value(input_dir: str | None, key: str, storage_options: Any = None) -> Any:
-    from kindling.data.prepared import prepared_value
-
-    value = prepared_value(input_dir, key, storage_options)
-    # A list node, not a plain list: the augment configs select into it, `${data.image_shape.1}`.
-    return OmegaConf.create(value) if isinstance(value, list) else value
-
-
 def pretrained_input(key: str, default: Any, *, _root_: Any) -> Any:
     """`size`, `mean` or `std` of a pretrained timm net's input (`model=timm` with
     `model.net.pretrained` or a `pretrained_file`), else `default`: the data config's defaults
@@ -62,8 +47,6 @@ def gpu_count(accelerator: Any, devices: Any) -> int | None:
 # data=image_folder counts its classes: `num_classes: ${class_count:${data.path}}`; the augment
 # group pads crops by an eighth of the image size: `${div:${data.image_shape.1},8}`.
 OmegaConf.register_new_resolver("div", lambda a, b: int(a) // int(b), replace=True)
-# data=sequences reads its feature and class counts from the table: `${sequence_table:num_classes}`.
-OmegaConf.register_new_resolver("sequence_table", sequence_table, replace=True)
 # hydra/launcher=slurm asks for `${device_count:${trainer.devices}}` tasks per node and
 # `${gpu_count:${trainer.accelerator},${trainer.devices}}` GPUs.
 OmegaConf.register_new_resolver("device_count", device_count, replace=True)
@@ -71,6 +54,3 @@ OmegaConf.register_new_resolver("gpu_count", gpu_count, replace=True)
 # data=image_folder's size and statistics follow a pretrained timm net:
 # `mean: ${pretrained_input:mean,null}`.
 OmegaConf.register_new_resolver("pretrained_input", pretrained_input, replace=True)
-# data=streaming reads its classes and image shape (or feature count and longest sequence) from
-# the prepared copy: `${prepared:${data.input_dir},num_classes,${data.storage_options}}`.
-OmegaConf.register_new_resolver("prepared", prepared_value, replace=True)

@@ -178,8 +178,6 @@ class SplitDataModule(L.LightningDataModule):
     ) -> DataLoader:
         if dataset is None:
             raise RuntimeError("call setup() before asking for a data loader")
-        on_cuda = self.trainer is not None and isinstance(self.trainer.accelerator, CUDAAccelerator)
-        workers = self.num_workers
         world_size = self.trainer.world_size if self.trainer is not None else 1
         rank = self.trainer.global_rank if self.trainer is not None else 0
         generator = None
@@ -201,19 +199,28 @@ class SplitDataModule(L.LightningDataModule):
         # torchdata's loader saves its position (sampler, workers) in Lightning's checkpoints.
         return StatefulDataLoader(
             dataset,
-            batch_size=self.batch_size_per_device,
             shuffle=shuffle,
             sampler=sampler,
-            num_workers=workers,
-            pin_memory=self.hparams.pin_memory and on_cuda,
-            persistent_workers=self.hparams.persistent_workers and workers > 0,
-            prefetch_factor=self.hparams.get("prefetch_factor") if workers > 0 else None,
-            drop_last=drop_last,
-            # A data set whose samples do not stack (encoded files) brings its own.
-            collate_fn=getattr(dataset, "collate", None),
             generator=generator,
             worker_init_fn=functools.partial(leave_stop_signals_to_the_main_process, rank=rank),
+            **self.loader_options(dataset, drop_last),
         )
+
+    def loader_options(self, dataset: Dataset, drop_last: bool) -> dict:
+        """What every loader of a data module shares (kindling.data.streaming's too): the batch
+        per device, workers, pinning on CUDA, and the data set's own collation."""
+        on_cuda = self.trainer is not None and isinstance(self.trainer.accelerator, CUDAAccelerator)
+        workers = self.num_workers
+        return {
+            "batch_size": self.batch_size_per_device,
+            "num_workers": workers,
+            "pin_memory": self.hparams.pin_memory and on_cuda,
+            "persistent_workers": self.hparams.get("persistent_workers", False) and workers > 0,
+            "prefetch_factor": self.hparams.get("prefetch_factor") if workers > 0 else None,
+            "drop_last": drop_last,
+            # A data set whose samples do not stack (encoded files, sequences) brings its own.
+            "collate_fn": getattr(dataset, "collate", None),
+        }
 
     def train_dataloader(self) -> DataLoader:
         # A last partial batch gives BatchNorm a tiny batch and torch.compile a new shape; kept

@@ -1,15 +1,10 @@
-"""The description `python -m kindling.prepare` writes beside a prepared copy, and reading it back.
-
-`<dir>/kindling.json` holds the kindling version and format, the kind of samples (`images` or
-`sequences`), the class names, the sample count of each split and, for images, their shape and
-per-channel statistics; for sequences, the feature names, `num_features`, `max_length` and the
-per-feature statistics of the training split. It is written twice: first
-without `complete` (the folder is kindling's, the work is under way), then with `complete: true`
-once every split is written. A copy without it is an interrupted prepare; one of another format
-was written by a kindling that stores samples differently.
+"""`<dir>/kindling.json`, the description `python -m kindling.prepare` writes beside a prepared
+copy: the format, the kind of samples (`images` or `sequences`), class names, each split's
+sample count, the image shape or the feature names, `num_features` and `max_length`, and the
+training split's statistics. Written first without `complete` (the folder is kindling's, the
+work under way), then with `complete: true` once every split is written.
 """
 
-import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -65,33 +60,9 @@ def read_metadata(input_dir: str, storage_options: dict[str, Any] | None = None)
     return metadata
 
 
-def kind(metadata: dict[str, Any]) -> str:
+def holds(metadata: dict[str, Any]) -> str:
     """What a prepared copy holds: `images` or `sequences`."""
     return metadata.get("kind", IMAGES)
-
-
-def prepared_value(
-    input_dir: str | None, key: str, storage_options: Any = None
-) -> int | list[int] | None:
-    """`num_classes`, `image_shape`, `num_features` or `max_length` of the prepared copy at
-    `input_dir`; None where its kind has no such value (the `${prepared:...}` config resolver:
-    data=streaming reads them from the copy, the model configs from data=streaming)."""
-    if input_dir is None:
-        raise UserError(
-            "data=streaming needs the prepared copy: data.input_dir=<folder or s3://bucket/prefix>"
-            ", written by python -m kindling.prepare."
-        )
-    options = json.dumps(dict(storage_options or {}), sort_keys=True)
-    metadata = _cached_metadata(input_dir, options)
-    if key == "num_classes":
-        return len(metadata["classes"])
-    return metadata.get(key)
-
-
-@functools.lru_cache
-def _cached_metadata(input_dir: str, storage_options: str) -> dict[str, Any]:
-    # Config resolution reads a key many times: one read of the copy per process.
-    return read_metadata(input_dir, json.loads(storage_options))
 
 
 def check_metadata(metadata: dict[str, Any], input_dir: str) -> None:

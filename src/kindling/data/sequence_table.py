@@ -1,6 +1,5 @@
 """Your own sequences: a long table (one row per time step, CSV or Parquet) read and checked."""
 
-import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -229,27 +228,3 @@ def read_sequence_table(
         features=features,
         first_rows=first_rows.tolist(),
     )
-
-
-@functools.lru_cache(maxsize=8)
-def _summary(path: str, mtime: float, columns: Columns) -> dict[str, int]:
-    table = read_sequence_table(path, columns, missing="mean")
-    train = [i for i, split in enumerate(table.splits) if split in ("train", None)]
-    return {
-        "num_features": len(table.features),
-        "num_classes": len(set(table.labels[train].tolist())),
-        "max_length": max(len(s) for s in table.sequences),
-    }
-
-
-def table_value(key: str, *, _parent_: Any) -> int:
-    """`${sequence_table:num_classes}` in configs/data/sequences.yaml: a count read from the
-    table that `data.path` names, with the data config's column names (cached per file)."""
-    from omegaconf import OmegaConf
-
-    if OmegaConf.is_missing(_parent_, "path") or _parent_.path is None:
-        return 0  # no table named yet: the data module refuses to start without one
-    path = _parent_.path
-    columns = Columns.of(_parent_)
-    mtime = Path(path).stat().st_mtime if Path(path).is_file() else 0.0
-    return _summary(str(path), mtime, columns)[key]

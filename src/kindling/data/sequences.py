@@ -9,12 +9,18 @@ from torch.utils.data import Dataset
 
 from kindling.config.errors import UserError
 from kindling.data.loaders import (
+    PREDICT_SPLITS,
     ResumableDistributedSampler,
     SplitDataModule,
     per_device_batch_size,
 )
-from kindling.data.sequence_table import Columns, SequenceTable, read_sequence_table
-from kindling.data.splits import check_folds, fold_split
+from kindling.data.sequence_table import (
+    TABLE_READING,
+    Columns,
+    SequenceTable,
+    read_sequence_table,
+)
+from kindling.data.splits import check_folds, split_off
 
 log = logging.getLogger(__name__)
 
@@ -61,13 +67,46 @@ class Sequences(Dataset):
         return pad_sequence(steps, batch_first=True), lengths, labels
 
 
-def stratified_holdout(
-    labels: torch.Tensor, fraction: float, seed: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """`(rest, held out)` indices: the held-out part is fold 0 of `round(1 / fraction)`
-    stratified, seeded folds (kindling.data.splits), so each class keeps its share; at least one
-    sequence is held out of a set smaller than that many folds."""
-    return fold_split(labels, max(2, min(round(1 / fraction), len(labels))), 0, seed)
+def collate_to_predict(samples: list[tuple[torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
+    """A padded batch of sequences whose labels are their rows, laid out as new inputs are:
+    `[steps, lengths, rows, readable]`."""
+    steps, lengths, rows = Sequences.collate(samples)
+    return [steps, lengths, rows, torch.ones(len(rows), dtype=torch.bool)]
+
+
+def table_to_predict(
+    path: str, reading: dict[str, Any], features: list[str], mean: torch.Tensor, std: torch.Tensor
+) -> tuple[Sequences, list[str]]:
+    """The sequences of the table `python -m kindling.predict input=<table>` names, in the order
+    their ids first appear, and their ids: read as the training table was (`reading`: its
+    TABLE_READING keys), features in the training order, standardised with its statistics.
+    Batches end with `(rows, readable)`, as every data module's new inputs do."""
+    columns = Columns.of(reading)
+    table = read_sequence_table(path, columns, reading["missing"], to_predict=True, option="input")
+    check_features(table.features, features, path)
+    take = [table.features.index(name) for name in features]
+    order = sorted(range(len(table.ids)), key=table.first_rows.__getitem__)
+    sequences = [table.sequences[i][:, take] for i in order]
+    dataset = Sequences(sequences, torch.arange(len(order)), mean, std)  # labels: the rows
+    dataset.collate = collate_to_predict
+    return dataset, [str(table.ids[i]) for i in order]
+
+
+def check_features(found: list[str], trained: list[str], path: str) -> None:
+    """Refuse a table whose feature columns are not the ones the checkpoint was trained on."""
+    for name in trained:
+        if name not in found:
+            raise UserError(
+                f"input={path} has no feature column {name!r}, which the checkpoint was trained "
+                f"on (features: {', '.join(trained)}). Add it."
+            )
+    for name in found:
+        if name not in trained:
+            raise UserError(
+                f"input={path} has a column {name!r} that is not a feature the checkpoint was "
+                f"trained on (features: {', '.join(trained)}), nor its id, label, time or split "
+                "column. Drop it."
+            )
 
 
 class SequenceTableDataModule(SplitDataModule):
@@ -80,19 +119,9 @@ class SequenceTableDataModule(SplitDataModule):
     test split too. Each feature is standardised with the mean and standard deviation of the
     training split's time steps only; they are stored in checkpoints with the class names.
 
-    Args:
-        path: the table, `.csv` or `.parquet`.
-        num_features, num_classes, max_length: read from the table by the config (for the model
-            configs); checked against it.
-        id_column, label_column, time_column, split_column: the special columns' names.
-        missing: `refuse` (a NaN or empty feature value stops the run, naming the row) or `mean`
-            (filled with the training split's mean of that feature: 0 once standardised).
-        val_fraction, test_fraction: the shares carved from train where the table has no such split.
-        seed: seed of the carved splits and folds.
-        folds, fold: k-fold cross-validation of train (without a val split in the table).
-        batch_size, num_workers, pin_memory, persistent_workers, shuffle_seed: as for every set.
-        bucket: training batches of similar lengths (kindling.data.buckets): less padding; each
-            epoch is still every training sequence once, in a seeded random draw.
+    Its arguments are configs/data/sequences.yaml's keys. `num_features`, `num_classes` and
+    `max_length` left null are read from the table (`describe`); given, they are checked against
+    it. `bucket`: training batches of similar lengths (kindling.data.buckets).
     """
 
     fixed_batch_shapes = False  # each batch is padded to its longest sequence
@@ -100,8 +129,8 @@ class SequenceTableDataModule(SplitDataModule):
     def __init__(
         self,
         path: str,
-        num_features: int,
-        num_classes: int,
+        num_features: int | None = None,
+        num_classes: int | None = None,
         max_length: int | None = None,
         id_column: str = "id",
         label_column: str = "label",
@@ -132,13 +161,20 @@ class SequenceTableDataModule(SplitDataModule):
         self.features: list[str] | None = None
         self.mean: torch.Tensor | None = None  # (F,) of the training split's steps
         self.std: torch.Tensor | None = None
+        self._table: SequenceTable | None = None
 
     def setup(self, stage: str | None = None) -> None:
+        hp = self.hparams
+        if stage == "predict" and self.predict_input not in PREDICT_SPLITS:  # a new table
+            reading = {key: hp[key] for key in TABLE_READING}
+            self.data_predict, self.names_to_predict = table_to_predict(
+                self.predict_input, reading, self.features, self.mean, self.std
+            )
+            return
         if self.data_train is not None:
             return
-        hp = self.hparams
         self.batch_size_per_device  # noqa: B018 - validate before reading the table
-        table = read_sequence_table(hp.path, self.columns, hp.missing)
+        table = self.table
         splits = self._splits(table)
         self._check_counts(table, splits)
         train_steps = torch.cat([table.sequences[i] for i in splits["train"].tolist()])
@@ -180,15 +216,13 @@ class SequenceTableDataModule(SplitDataModule):
                 f"data.folds={hp.folds}: data.path={hp.path} has a val split of its own. Leave "
                 "out data.folds and data.fold, or mark those sequences train to cross-validate."
             )
-        train = given["train"]
+        train, labels = given["train"], table.labels
         if not len(given["test"]):
-            rest, test = stratified_holdout(table.labels[train], hp.test_fraction, hp.seed)
+            rest, test = split_off(labels[train], hp.test_fraction, hp.seed, stratify=True)
             train, given["test"] = train[rest], train[test]
-        if hp.folds is not None:
-            rest, val = fold_split(table.labels[train], hp.folds, hp.fold, hp.seed + 1)
-            train, given["val"] = train[rest], train[val]
-        elif not len(given["val"]):
-            rest, val = stratified_holdout(table.labels[train], hp.val_fraction, hp.seed + 1)
+        if hp.folds is not None or not len(given["val"]):
+            rest, val = split_off(labels[train], hp.val_fraction, hp.seed + 1, folds=hp.folds,
+                                  fold=hp.fold, stratify=True)  # fmt: skip
             train, given["val"] = train[rest], train[val]
         return {"train": train, "val": given["val"], "test": given["test"]}
 
@@ -207,21 +241,36 @@ class SequenceTableDataModule(SplitDataModule):
                 f"data.path={hp.path} has the classes {', '.join(table.classes)}, but the "
                 f"checkpoint was trained on {', '.join(self.classes)}."
             )
-        longest = max(len(sequence) for sequence in table.sequences)
-        if hp.max_length is not None and longest > hp.max_length:
-            raise UserError(
-                f"data.max_length={hp.max_length} but data.path={hp.path} has a sequence of "
-                f"{longest} steps. Leave data.max_length out: it is read from the table."
-            )
-        for name, expected, found in (
-            ("num_classes", hp.num_classes, len(table.classes)),
-            ("num_features", hp.num_features, len(table.features)),
-        ):
-            if expected != found:
+        for name, value in self._found().items():
+            expected = hp[name]
+            if expected is not None and (expected < value if name == "max_length" else
+                                         expected != value):  # fmt: skip
+                what = f"a sequence of {value} steps" if name == "max_length" else value
                 raise UserError(
-                    f"data.{name}={expected} but data.path={hp.path} has {found}. Leave "
+                    f"data.{name}={expected} but data.path={hp.path} has {what}. Leave "
                     f"data.{name} out: it is read from the table."
                 )
+
+    @property
+    def table(self) -> SequenceTable:
+        """The table, read once."""
+        if self._table is None:
+            self._table = read_sequence_table(self.hparams.path, self.columns, self.hparams.missing)
+        return self._table
+
+    def _found(self) -> dict[str, int]:
+        return {
+            "num_classes": len(self.table.classes),
+            "num_features": len(self.table.features),
+            "max_length": max(len(sequence) for sequence in self.table.sequences),
+        }
+
+    def describe(self) -> dict[str, int]:
+        """The counts the config leaves null, read from the table (kindling.train fills them in
+        before the model is built)."""
+        found = {name: value for name, value in self._found().items() if self.hparams[name] is None}
+        self.hparams.update(found)  # and the checkpoints' hyperparameters hold them
+        return found
 
     def training_sampler(
         self, dataset: Dataset, world_size: int, rank: int, seed: int

@@ -9,24 +9,23 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.pytorch.accelerators import CUDAAccelerator
 from litdata import StreamingDataLoader, StreamingDataset
 from litdata.exceptions import ChunkWaitTimeoutError
 
 from kindling.config.errors import UserError
 from kindling.data.augment import Transform, worker_transform
 from kindling.data.image_folder import to_model_input
-from kindling.data.loaders import SplitDataModule, per_device_batch_size
+from kindling.data.loaders import PREDICT_SPLITS, SplitDataModule, per_device_batch_size
 from kindling.data.prepared import (
     SEQUENCES,
     check_chunks,
     damaged,
-    kind,
+    holds,
     read_metadata,
     split_location,
 )
 from kindling.data.sequence_table import TABLE_READING
-from kindling.data.sequences import Sequences, standardised
+from kindling.data.sequences import Sequences, standardised, table_to_predict
 from kindling.files import probe_writable
 
 log = logging.getLogger(__name__)
@@ -57,33 +56,32 @@ def chunks_named(dataset: StreamingDataset) -> Iterator[None]:
 
 
 class PreparedSplit(StreamingDataset):
-    """LitData's dataset of one split of a prepared copy, whose damaged chunks are named."""
+    """One split of a prepared copy, whose damaged chunks are named: `(image, label)` pairs, or
+    `(steps, label)` of sequences served as `Sequences` serves them (standardised with `mean`
+    and `std`, the copy's or a checkpoint's; padded by `collate`).
+
+    A training image's augmentation is seeded by `augment_seed`, the epoch and the sample's
+    index, not by which worker or process reads it: a resumed run sees the very images an
+    uninterrupted one would.
+    """
+
+    def __init__(self, *args: Any, augment: Transform | None = None, augment_seed: int = 0,
+                 mean: torch.Tensor | None = None, std: torch.Tensor | None = None,
+                 **kwargs: Any):  # fmt: skip
+        super().__init__(*args, **kwargs)
+        self.augment, self.augment_seed, self.mean, self.std = augment, augment_seed, mean, std
+        if mean is not None:  # sequences of different lengths
+            self.collate = Sequences.collate
 
     def __iter__(self) -> "PreparedSplit":
         with chunks_named(self):  # the first chunks are read here, ahead of the samples
             return super().__iter__()
 
-    def read(self, index: Any) -> dict[str, Any]:
+    def __getitem__(self, index: Any) -> tuple[torch.Tensor, Any]:
         with chunks_named(self):
-            return super().__getitem__(index)
-
-
-class StreamingImages(PreparedSplit):
-    """`(image, label)` pairs of one prepared split; training images augmented per sample.
-
-    The augmentation of a sample is seeded by `augment_seed`, the epoch and the sample's index:
-    it does not depend on which worker or process reads the sample, or on where a run was
-    resumed, so a resumed run sees the very images an uninterrupted one would.
-    """
-
-    def __init__(self, *args: Any, augment: Transform | None = None, augment_seed: int = 0,
-                 **kwargs: Any):  # fmt: skip
-        super().__init__(*args, **kwargs)
-        self.augment = augment
-        self.augment_seed = augment_seed
-
-    def __getitem__(self, index: Any) -> tuple[torch.Tensor, int]:
-        sample = self.read(index)
+            sample = super().__getitem__(index)
+        if "steps" in sample:
+            return standardised(sample["steps"], self.mean, self.std), torch.tensor(sample["label"])
         image = sample["image"]
         if self.augment is not None:
             seed = hash((self.augment_seed, self.current_epoch, sample["index"])) % 2**63
@@ -93,23 +91,6 @@ class StreamingImages(PreparedSplit):
                 torch.default_generator.manual_seed(seed)
                 image = self.augment(image)
         return image, sample["label"]
-
-
-class StreamingSequences(PreparedSplit):
-    """`(steps, label)` pairs of one prepared split of sequences, served as `Sequences` serves
-    them: standardised with `mean` and `std` (`(F,)`; the copy's, or a checkpoint's set after
-    `setup`), batched by its `collate` (padded, with the lengths)."""
-
-    collate = staticmethod(Sequences.collate)
-
-    def __init__(self, *args: Any, mean: torch.Tensor, std: torch.Tensor, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.mean, self.std = mean, std
-
-    def __getitem__(self, index: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        sample = self.read(index)
-        steps = standardised(sample["steps"], self.mean, self.std)
-        return steps, torch.tensor(sample["label"])
 
 
 class StreamingDataModule(SplitDataModule):
@@ -124,32 +105,16 @@ class StreamingDataModule(SplitDataModule):
     are standardised in the workers, as data=sequences serves them, and padded per batch:
     `(steps (B, T, F), lengths (B,), labels (B,))`.
 
-    Args:
-        input_dir: the prepared folder: a local path or `s3://bucket/prefix`.
-        num_classes: the number of classes; checked against the prepared copy.
-        image_shape: `[channels, height, width]` of a copy of images (None for sequences);
-            checked against the prepared copy.
-        num_features, max_length: features per step and the longest sequence of a copy of
-            sequences (None for images); checked against the prepared copy.
-        batch_size: the global batch size, divided evenly over the processes of a run.
-        cache_dir: where chunks of a remote copy are kept (null: LitData's default,
-            ~/.lightning/chunks); each split uses a folder of its own in it.
-        max_cache_size: the most the cache may hold, e.g. "50GB" (null: LitData's default).
-        storage_options: arguments of the S3 client (e.g. `{endpoint_url: ...}`).
-        shuffle_seed: seed of the training order (configs pass the run's `seed`); None draws
-            one, the same on every process.
-        augment: training-time transforms (torchvision.transforms.v2, applied to uint8 images
-            in the workers), as for image folders; a copy of sequences takes none.
-        num_workers: DataLoader worker processes per device; null: the CPUs available to this
-            process shared by the processes of this machine.
-        pin_memory: page-locked host batches for faster copies (used only on CUDA).
-        prefetch_factor: batches each worker prepares ahead (when there are workers).
+    Its arguments are configs/data/streaming.yaml's keys. `num_classes`, `image_shape` (a copy
+    of images) and `num_features`, `max_length` (a copy of sequences) left null are read from
+    the copy (`describe`); given, they are checked against it. `augment`: torchvision v2
+    transforms of uint8 images, in the workers.
     """
 
     def __init__(
         self,
         input_dir: str,
-        num_classes: int,
+        num_classes: int | None = None,
         image_shape: Sequence[int] | None = None,
         num_features: int | None = None,
         max_length: int | None = None,
@@ -172,17 +137,53 @@ class StreamingDataModule(SplitDataModule):
         self.table_reading: dict[str, Any] | None = None  # and how the table was read
         self.mean: torch.Tensor | None = None  # images: (1, C, 1, 1), [0, 1] units; sequences: (F,)
         self.std: torch.Tensor | None = None
-        self.kind: str | None = None  # what the copy holds: images or sequences
+        self._metadata: dict[str, Any] | None = None
         self.train_loader: StreamingDataLoader | None = None
         self._train_loader_state: dict[str, Any] | None = None  # from a checkpoint
 
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """The copy's description (kindling.data.prepared), read once."""
+        if self._metadata is None:
+            self._metadata = read_metadata(self.hparams.input_dir, self.storage_options)
+        return self._metadata
+
+    @property
+    def kind(self) -> str:
+        """What the copy holds: images or sequences."""
+        return holds(self.metadata)
+
+    @property
+    def storage_options(self) -> dict[str, Any]:
+        return dict(self.hparams.storage_options or {})
+
+    def describe(self) -> dict[str, Any]:
+        """What the config leaves null, read from the copy's description (kindling.train fills
+        it in before the model is built): the class count, and the image shape or the feature
+        count and longest sequence."""
+        found = {key: value for key, value in self._stored().items() if self.hparams[key] is None}
+        self.hparams.update(found)  # and the checkpoints' hyperparameters hold them
+        return found
+
+    def _stored(self) -> dict[str, Any]:
+        """The copy's values of the config's keys (None where the copy's kind has none)."""
+        keys = ("image_shape", "num_features", "max_length")
+        return {"num_classes": len(self.metadata["classes"])} | {
+            key: self.metadata.get(key) for key in keys
+        }
+
     def setup(self, stage: str | None = None) -> None:
+        if stage == "predict" and self.predict_input not in PREDICT_SPLITS and self.features:
+            # A new table, read as the copy's was (a checkpoint's `table_reading`).
+            self.data_predict, self.names_to_predict = table_to_predict(
+                self.predict_input, self.table_reading, self.features, self.mean, self.std
+            )
+            return
         if self.data_train is not None:
             return
         hp = self.hparams
         self.batch_size_per_device  # noqa: B018 - validate before reading anything
-        storage = dict(hp.storage_options or {})
-        metadata = read_metadata(hp.input_dir, storage)
+        metadata = self.metadata
         self._check(metadata)
         check_chunks(hp.input_dir)
         if self.classes is not None and self.classes != metadata["classes"]:
@@ -191,32 +192,22 @@ class StreamingDataModule(SplitDataModule):
                 f"but the checkpoint was trained on {', '.join(self.classes)}. Use a copy of the "
                 "checkpoint's data."
             )
-        self.classes, self.kind = metadata["classes"], kind(metadata)
-        self.features = metadata.get("features")
+        self.classes, self.features = metadata["classes"], metadata.get("features")
         if self.kind == SEQUENCES:  # kindling.predict reads a new table the same way
             self.table_reading = {key: metadata["source"][key] for key in TABLE_READING}
         if self.mean is None:
             shape = (-1,) if self.kind == SEQUENCES else (1, -1, 1, 1)
             self.mean = torch.tensor(metadata["mean"]).view(shape)
             self.std = torch.tensor(metadata["std"]).view(shape)
-        seed = hp.shuffle_seed
-        if seed is None:  # an unseeded run: a new order, the same on every process
-            seed = int(torch.randint(2**31, ()))
-            if self.trainer is not None:
-                seed = self.trainer.strategy.broadcast(seed)
-        if self.kind == SEQUENCES:
-            dataset, augmented = StreamingSequences, {}
-            served = {"mean": self.mean, "std": self.std}
-        else:
-            dataset, served = StreamingImages, {}
-            augmented = {"augment": self.transform, "augment_seed": seed}
+        seed = self.shuffle_seed
+        served = {"mean": self.mean, "std": self.std} if self.kind == SEQUENCES else {}
 
-        def split(name: str, **kwargs: Any) -> StreamingImages | StreamingSequences:
-            return dataset(
+        def split(name: str, **kwargs: Any) -> PreparedSplit:
+            return PreparedSplit(
                 split_location(hp.input_dir, name),
                 cache_dir=self._cache_dir(name),
                 max_cache_size=hp.max_cache_size,
-                storage_options=storage,
+                storage_options=self.storage_options,
                 # Per item: with shuffling, LitData's windowed decoding of small samples decodes
                 # whole windows again and again.
                 batch_decode=0,
@@ -224,7 +215,9 @@ class StreamingDataModule(SplitDataModule):
                 **kwargs,
             )
 
-        self.data_train = split("train", shuffle=True, seed=seed, **augmented)
+        self.data_train = split(
+            "train", shuffle=True, seed=seed, augment=self.transform, augment_seed=seed
+        )
         self.data_val = split("val")
         self.data_test = split("test")
         counts = ", ".join(f"{name} {count}" for name, count in metadata["splits"].items())
@@ -232,23 +225,15 @@ class StreamingDataModule(SplitDataModule):
 
     def _check(self, metadata: dict[str, Any]) -> None:
         hp = self.hparams
-        if hp.num_classes != len(metadata["classes"]):
-            raise UserError(
-                f"data.num_classes={hp.num_classes} but {hp.input_dir} has "
-                f"{len(metadata['classes'])} classes. Leave data.num_classes out: it is read "
-                "from the prepared copy."
-            )
-        for key in ("image_shape", "num_features", "max_length"):
-            given, stored = hp[key], metadata.get(key)  # None where the copy's kind has none
-            if isinstance(given, Sequence):
-                given = list(given)
-            if given != stored:
+        for key, value in self._stored().items():
+            given = list(hp[key]) if isinstance(hp[key], Sequence) else hp[key]
+            if given is not None and given != value:
                 raise UserError(
-                    f"data.{key}={given} but {hp.input_dir} holds {kind(metadata)} with {key} "
-                    f"{stored}. Leave data.{key} out: it is read from the prepared copy (prepare "
+                    f"data.{key}={given} but {hp.input_dir} holds {self.kind} with {key} "
+                    f"{value}. Leave data.{key} out: it is read from the prepared copy (prepare "
                     "again to change it)."
                 )
-        if self.transform is not None and kind(metadata) == SEQUENCES:
+        if self.transform is not None and self.kind == SEQUENCES:
             raise UserError(
                 f"data.augment transforms images, and {hp.input_dir} holds sequences. Leave "
                 "data.augment out (data/augment=none)."
@@ -280,30 +265,25 @@ class StreamingDataModule(SplitDataModule):
             ) from error
         return str(folder)
 
-    def _streaming_loader(self, dataset: StreamingImages, drop_last: bool) -> StreamingDataLoader:
-        on_cuda = self.trainer is not None and isinstance(self.trainer.accelerator, CUDAAccelerator)
-        workers = self.num_workers
-        return StreamingDataLoader(
-            dataset,
-            batch_size=self.batch_size_per_device,
-            num_workers=workers,
-            pin_memory=self.hparams.pin_memory and on_cuda,
-            prefetch_factor=self.hparams.prefetch_factor if workers > 0 else None,
-            # True: every process the same number of whole batches (none waits for the others
-            # at the end); False (one process evaluating): every sample once.
-            drop_last=drop_last,
-            # Each new iterator draws its workers' base seed from this generator, not from the
-            # process's: a resumed run makes an iterator the uninterrupted one did not, and its
-            # dropout masks would differ. (Samples are augmented with seeds of their own.)
-            generator=torch.Generator(),
-            collate_fn=getattr(dataset, "collate", None),  # sequences: padded, with lengths
-        )
+    def _loader(self, dataset: PreparedSplit | None, shuffle: bool = False, sampler: Any = None,
+                drop_last: bool = False) -> StreamingDataLoader:  # fmt: skip
+        if not isinstance(dataset, PreparedSplit):  # a new table to predict: a plain loader
+            return super()._loader(dataset, shuffle, sampler, drop_last)
+        # LitData shuffles and shares out each epoch itself (the data set's `shuffle`, `seed`).
+        # True: every process the same number of whole batches (none waits for the others at
+        # the end); False (one process evaluating): every sample once.
+        drop_last = drop_last or self._even_evaluation
+        # Each new iterator draws its workers' base seed from this generator, not from the
+        # process's: a resumed run makes an iterator the uninterrupted one did not, and its
+        # dropout masks would differ. (Samples are augmented with seeds of their own.)
+        options = self.loader_options(dataset, drop_last)
+        return StreamingDataLoader(dataset, generator=torch.Generator(), **options)
 
     def train_dataloader(self) -> StreamingDataLoader:
         # The last partial batch is dropped (BatchNorm, compiled shapes), unless it is the only
         # one: a split smaller than one batch still trains (on one process: setup refuses more).
         drop_last = len(self.data_train) >= self.batch_size_per_device
-        self.train_loader = self._streaming_loader(self.data_train, drop_last=drop_last)
+        self.train_loader = self._loader(self.data_train, drop_last=drop_last)
         if self._train_loader_state is not None:
             # Set here rather than by Lightning, which skips the loader state when the loader
             # was made before the checkpoint's loops were restored (a schedule that reads
@@ -322,16 +302,6 @@ class StreamingDataModule(SplitDataModule):
         (BatchNorm) synchronises them at every step, so one extra batch on one process would
         hang the run. LitData leaves the remainder out (fewer than processes x batch size)."""
         return self.trainer is not None and self.trainer.world_size > 1
-
-    def val_dataloader(self) -> StreamingDataLoader:
-        return self._streaming_loader(self.data_val, drop_last=self._even_evaluation)
-
-    def test_dataloader(self) -> StreamingDataLoader:
-        return self._streaming_loader(self.data_test, drop_last=self._even_evaluation)
-
-    def predict_dataloader(self) -> StreamingDataLoader:
-        split = getattr(self, f"data_{self.predict_input}")
-        return self._streaming_loader(split, drop_last=self._even_evaluation)
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         if not isinstance(batch, list | tuple):  # the model summary's example input
@@ -361,5 +331,5 @@ class StreamingDataModule(SplitDataModule):
         # Lightning loads a checkpoint's state after `setup`: sequences, standardised in the
         # workers, are served with its statistics (images are standardised with `self.mean`).
         for split in (self.data_train, self.data_val, self.data_test):
-            if isinstance(split, StreamingSequences):
+            if split is not None and split.mean is not None:
                 split.mean, split.std = self.mean, self.std

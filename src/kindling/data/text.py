@@ -204,23 +204,9 @@ class CharTextDataModule(SplitDataModule):
     vocabulary (the corpus's characters) is built from the whole corpus, so no split meets an
     unknown character.
 
-    Args:
-        data_dir: where `download` caches files (under `<data_dir>/text/`).
-        path: a UTF-8 text file or a folder of them; null for the default corpus, the Python
-            Language Reference that ships with Python (`pydoc_data.topics`, about 460,000
-            characters).
-        download: a corpus name (`tiny_shakespeare`) or an http(s) address, fetched once into
-            `data_dir` and read from there. Only one of `path` and `download` may be set.
-        context_length: characters per window (the T of a `(B, T)` batch).
-        batch_size: the global batch size, divided evenly over the processes of a run.
-        val_fraction: share of the corpus, after the training part, held out for validation.
-        test_fraction: share at the end of the corpus held out for testing; 0 tests on the
-            validation text (nanoGPT's train | val split, with val at the end).
-        random_offsets: each epoch, training windows start at random characters (a new draw
-            every epoch); false: the same back-to-back windows every epoch, shuffled.
-        num_workers: DataLoader worker processes per device (0 loads in the main process).
-        pin_memory: page-locked host batches for faster copies (used only on CUDA).
-        persistent_workers: keep workers alive between epochs (when `num_workers > 0`).
+    Its arguments are configs/data/text/char.yaml's keys: `path` (a file or folder), or
+    `download` (a corpus name or an http(s) address, fetched once into `data_dir`), or neither
+    (the default corpus); `test_fraction` 0 tests on the validation text.
     """
 
     def __init__(
