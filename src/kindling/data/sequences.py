@@ -91,6 +91,8 @@ class SequenceTableDataModule(SplitDataModule):
         seed: seed of the carved splits and folds.
         folds, fold: k-fold cross-validation of train (without a val split in the table).
         batch_size, num_workers, pin_memory, persistent_workers, shuffle_seed: as for every set.
+        min_epoch_size: an epoch serves the training split as many times as it takes to serve
+            this many sequences (SplitDataModule.epoch_passes); 0: once.
         bucket: training batches of similar lengths (kindling.data.buckets): less padding; each
             epoch is still every training sequence once, in a seeded random draw.
     """
@@ -119,6 +121,7 @@ class SequenceTableDataModule(SplitDataModule):
         persistent_workers: bool = True,
         shuffle_seed: int | None = None,
         bucket: bool = False,
+        min_epoch_size: int = 0,
     ):
         super().__init__()
         self.save_hyperparameters(logger=False)
@@ -234,7 +237,8 @@ class SequenceTableDataModule(SplitDataModule):
 
         lengths = [len(sequence) for sequence in dataset.sequences]
         batch_size = self.batch_size_per_device
-        return LengthBucketSampler(dataset, world_size, rank, seed, lengths, batch_size)
+        passes = self.epoch_passes(dataset)
+        return LengthBucketSampler(dataset, world_size, rank, seed, lengths, batch_size, 32, passes)
 
     def state_dict(self) -> dict[str, Any]:
         # Lightning stores this in every checkpoint: prediction needs no training data.
