@@ -9,7 +9,7 @@ from kindling.data.loaders import ResumableDistributedSampler
 
 
 class LengthBucketSampler(ResumableDistributedSampler):
-    """`ResumableDistributedSampler`'s epochs (every sample once, seeded, this process's share,
+    """`ResumableDistributedSampler`'s epochs (every sample as often, seeded, this process's share,
     resumable mid-epoch), served in batches of similar lengths.
 
     Each epoch: a seeded permutation of the whole set (padded to an even share per process, as

@@ -94,7 +94,7 @@ class SequenceTableDataModule(SplitDataModule):
         min_epoch_size: an epoch serves the training split as many times as it takes to serve
             this many sequences (SplitDataModule.epoch_passes); 0: once.
         bucket: training batches of similar lengths (kindling.data.buckets): less padding; each
-            epoch is still every training sequence once, in a seeded random draw.
+            epoch still serves every training sequence as often, in a seeded random draw.
     """
 
     fixed_batch_shapes = False  # each batch is padded to its longest sequence
