@@ -3,6 +3,7 @@
     pip install -e '.[bench]'   # aeon: the data sets (bundled in its wheel) and the baselines
     python benchmarks/sequences.py [--sets GunPoint ACSF1] [--models lstm gru] \
         [--recipe temporal_conv --recipe-seeds 0 1 2] [-- <train.py overrides>]
+    python benchmarks/sequences.py --models --recipe-seeds   # the baselines alone
 
 Writes each of aeon's bundled UCR/UEA sets (ArrowHead, GunPoint, ItalyPowerDemand, OSULeaf,
 ACSF1, JapaneseVowels: 2 to 10 classes, 36 to 270 training sequences of 7 to 1,460 steps) as
@@ -116,9 +117,9 @@ def write_table(name: str, out: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sets", nargs="+", default=SETS, help="aeon's bundled data sets")
-    parser.add_argument("--models", nargs="+", default=FAMILIES, help="families, seed 0")
+    parser.add_argument("--models", nargs="*", default=FAMILIES, help="families, seed 0")
     parser.add_argument("--recipe", default="temporal_conv", help="the recommended family")
-    parser.add_argument("--recipe-seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--recipe-seeds", type=int, nargs="*", default=[0, 1, 2])
     parser.add_argument("overrides", nargs="*", help="python train.py overrides, after --")
     args = parser.parse_args()
     runs = [(family, 0) for family in args.models if family != args.recipe]

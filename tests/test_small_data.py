@@ -16,14 +16,14 @@ from conftest import QUIET
 
 def shapes_table(path: Path, train: int = 50, test: int = 100, seed: int = 0) -> Path:
     """Sequences of 200-300 steps of one noisy channel, each holding one 40-step shape at a
-    random step: a sine period, the same period upside down, a triangle or a square pulse (the
+    random step: a sine period, the same upside down, a triangle or a square pulse (the
     class, chance 1/4). 50 train sequences, as many of the archive's small sets have; the
     table's `split` gives the test."""
     rng = np.random.default_rng(seed)
     ramp = np.linspace(0.0, 1.0, 40)
     shapes = {
-        "sine": np.sin(2 * np.pi * ramp),
         "inverted_sine": -np.sin(2 * np.pi * ramp),
+        "sine": np.sin(2 * np.pi * ramp),
         "triangle": 1.0 - np.abs(2.0 * ramp - 1.0),
         "square": np.full(40, 0.5),
     }
@@ -32,9 +32,9 @@ def shapes_table(path: Path, train: int = 50, test: int = 100, seed: int = 0) ->
         table.writerow(["id", "time", "label", "split", "x"])
         for number in range(train + test):
             label = list(shapes)[number % len(shapes)]
-            x = rng.normal(0.0, 0.5, int(rng.integers(200, 300, endpoint=True)))
+            x = rng.normal(0.0, 0.3, int(rng.integers(200, 300, endpoint=True)))
             start = int(rng.integers(0, len(x) - 40))
-            x[start : start + 40] += shapes[label]
+            x[start : start + 40] += 1.5 * shapes[label]
             split = "train" if number < train else "test"
             table.writerows([number, t, label, split, f"{v:.4f}"] for t, v in enumerate(x))
     return path
