@@ -1,22 +1,25 @@
-"""Every kindling family on JapaneseVowels beside the field's baselines, on the same split.
+"""Every kindling family on six archive sets beside the field's baselines, on the same splits.
 
-    pip install -e '.[bench]'   # aeon: the data set (bundled in its wheel) and the baselines
-    python benchmarks/sequences.py [--seeds 0 1 2] [--models lstm gru] [-- <train.py overrides>]
+    pip install -e '.[bench]'   # aeon: the data sets (bundled in its wheel) and the baselines
+    python benchmarks/sequences.py [--sets GunPoint ACSF1] [--models lstm gru] \
+        [--recipe temporal_conv --recipe-seeds 0 1 2] [-- <train.py overrides>]
+    python benchmarks/sequences.py --models --recipe-seeds   # the baselines alone
 
-Writes aeon's JapaneseVowels (UCI; 9 speakers, 12 LPC coefficients a step, 7-29 steps) as the
-long table `data=sequences` reads, `data/japanese_vowels.csv` (`--table`), unless it exists:
-one row per time step, `id`, `time`, `label` (the speaker, 1-9), `split` (the archive's 270
-train and 370 test utterances) and the coefficients `c1`..`c12`. Then runs
+Writes each of aeon's bundled UCR/UEA sets (ArrowHead, GunPoint, ItalyPowerDemand, OSULeaf,
+ACSF1, JapaneseVowels: 2 to 10 classes, 36 to 270 training sequences of 7 to 1,460 steps) as
+the long table `data=sequences` reads, `data/archive/<set>.csv`, unless it exists: one row per
+time step, `id`, `time`, `label`, `split` (the archive's own train and test sequences) and the
+channels `c1`..`cK`. Then runs
 
-    python train.py data=sequences data.path=<table> model=<family> trainer.max_epochs=30 \
-        seed=<seed>
+    python train.py data=sequences data.path=<table> model=<family> seed=<seed> [overrides]
 
-once per family and seed, kindling's defaults otherwise (a tenth of train carved for
-validation, the checkpoint of best val/loss tested), and the baselines on the table's split:
-MiniRocket (aeon's `MiniRocketClassifier`, seed 0; it takes equal lengths, so each series is
-padded by repeating its last step) and 1-NN DTW (`KNeighborsTimeSeriesClassifier`, full
-window), trained on all 270 train sequences. Prints each test accuracy, and a table of every
-family's seeds and median beside the baselines.
+once per set and family on seed 0, kindling's defaults otherwise, and the recommended recipe
+(`--recipe`) on seeds 0, 1 and 2; and the baselines on the table's split: MiniRocket (aeon's
+`MiniRocketClassifier`, seed 0; it takes equal lengths, so each series is padded by repeating
+its last step) and 1-NN DTW (`KNeighborsTimeSeriesClassifier`, full window), trained on every
+train sequence. Prints each test accuracy and the seconds it took (training and testing, or
+the baseline's fit and predict), then one table: a row per model, a column per set, the median
+over the sets, and on how many sets the model beat 1-NN DTW.
 """
 
 import argparse
@@ -25,31 +28,28 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+SETS = ["ArrowHead", "GunPoint", "ItalyPowerDemand", "OSULeaf", "ACSF1", "JapaneseVowels"]
+FAMILIES = ["rnn", "lstm", "gru", "transformer", "temporal_conv"]
 
 
-def test_accuracies(table: Path, seeds: list[int], overrides: list[str]) -> list[float]:
-    accuracies = []
-    with tempfile.TemporaryDirectory() as folder:
-        for seed in seeds:
-            run_dir = Path(folder) / str(seed)
-            command = [
-                sys.executable, str(ROOT / "train.py"), "data=sequences", f"data.path={table}",
-                *overrides, f"seed={seed}", f"paths.output_dir={run_dir}",
-                "callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null",
-            ]  # fmt: skip
-            subprocess.run(command, check=True, capture_output=True, cwd=ROOT)
-            with open(run_dir / "csv" / "metrics.csv") as f:
-                rows = list(csv.DictReader(f))
-            (tested,) = [row for row in rows if row.get("test/acc")]
-            accuracies.append(float(tested["test/acc"]))
-            epochs = 1 + max(int(row["epoch"]) for row in rows if row.get("val/acc"))
-            (checkpoint,) = (run_dir / "checkpoints").glob("epoch_*.ckpt")
-            print(f"seed {seed}: test/acc {accuracies[-1]:.4f} ({epochs} epochs trained, "
-                  f"tested {checkpoint.name})", flush=True)  # fmt: skip
-    return accuracies
+def train(table: Path, seed: int, overrides: list[str]) -> tuple[float, float]:
+    """The test accuracy of one `train.py` run, and the seconds it took."""
+    with tempfile.TemporaryDirectory() as run_dir:
+        command = [
+            sys.executable, str(ROOT / "train.py"), "data=sequences", f"data.path={table}",
+            *overrides, f"seed={seed}", f"paths.output_dir={run_dir}",
+            "callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null",
+        ]  # fmt: skip
+        start = time.perf_counter()
+        subprocess.run(command, check=True, capture_output=True, cwd=ROOT)
+        seconds = time.perf_counter() - start
+        with open(Path(run_dir) / "csv" / "metrics.csv") as f:
+            (tested,) = [row for row in csv.DictReader(f) if row.get("test/acc")]
+    return float(tested["test/acc"]), seconds
 
 
 def read_split(table: Path, split: str) -> tuple[list, list]:
@@ -61,14 +61,15 @@ def read_split(table: Path, split: str) -> tuple[list, list]:
     with open(table) as f:
         for row in csv.DictReader(f):
             if row["split"] == split:
-                features = [float(row[f"c{j + 1}"]) for j in range(12)]
+                features = [float(v) for k, v in row.items() if k.startswith("c")]
                 steps.setdefault(row["id"], []).append((int(row["time"]), features))
                 labels[row["id"]] = row["label"]
     series = [np.array([f for _, f in sorted(rows)]).T for rows in steps.values()]
     return series, [labels[i] for i in steps]
 
 
-def baselines(table: Path) -> dict[str, float]:
+def baselines(table: Path) -> dict[str, tuple[float, float]]:
+    """MiniRocket's and 1-NN DTW's test accuracy on the table's split, and their seconds."""
     import numpy as np
     from aeon.classification.convolution_based import MiniRocketClassifier
     from aeon.classification.distance_based import KNeighborsTimeSeriesClassifier
@@ -84,65 +85,85 @@ def baselines(table: Path) -> dict[str, float]:
         "MiniRocket": (MiniRocketClassifier(random_state=0), padded),
         "1-NN DTW": (KNeighborsTimeSeriesClassifier(distance="dtw"), list),
     }
-    accuracies = {}
-    for name, (model, shape) in models.items():
-        model.fit(shape(train), np.array(train_labels))
-        accuracies[name] = float(np.mean(model.predict(shape(test)) == np.array(test_labels)))
-        print(f"{name}: test accuracy {accuracies[name]:.4f}", flush=True)
-    return accuracies
-
-
-FAMILIES = ["rnn", "lstm", "gru", "transformer", "temporal_conv"]
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--table", type=Path, default=ROOT / "data" / "japanese_vowels.csv")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--models", nargs="+", default=FAMILIES, help="kindling families")
-    parser.add_argument("--epochs", type=int, default=30, help="trainer.max_epochs")
-    parser.add_argument("overrides", nargs="*", help="python train.py overrides, after --")
-    args = parser.parse_args()
-    if not args.table.is_file():
-        write_table(args.table)
-    table = args.table.resolve()
     results = {}
-    for family in args.models:
-        overrides = [f"model={family}", f"trainer.max_epochs={args.epochs}", *args.overrides]
-        print(" ".join(overrides), flush=True)
-        results[family] = test_accuracies(table, args.seeds, overrides)
-    print("Baselines, trained on the whole train split:", flush=True)
-    reference = baselines(table)
-
-    print(f"\nJapaneseVowels, test accuracy ({args.epochs} epochs{' ' if args.overrides else ''}"
-          f"{' '.join(args.overrides)}):\n")  # fmt: skip
-    print("| model | " + " | ".join(f"seed {seed}" for seed in args.seeds) + " | median |")
-    print("| --- |" + " ---: |" * (len(args.seeds) + 1))
-    for family, accuracies in results.items():
-        cells = " | ".join(f"{a:.4f}" for a in accuracies)
-        print(f"| `{family}` | {cells} | {statistics.median(accuracies):.4f} |")
-    for name, accuracy in reference.items():
-        print(f"| {name} |" + " |" * len(args.seeds) + f" {accuracy:.4f} |")
+    for name, (model, shape) in models.items():
+        start = time.perf_counter()
+        model.fit(shape(train), np.array(train_labels))
+        accuracy = float(np.mean(model.predict(shape(test)) == np.array(test_labels)))
+        results[name] = accuracy, time.perf_counter() - start
+    return results
 
 
-def write_table(out: Path) -> None:
+def write_table(name: str, out: Path) -> None:
     from aeon.datasets import load_classification  # the bench extra
 
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "w", newline="") as f:
         table = csv.writer(f)
-        table.writerow(["id", "time", "label", "split", *(f"c{j + 1}" for j in range(12))])
         number, lengths = 0, []
         for split in ("train", "test"):
-            series, labels = load_classification(
-                "JapaneseVowels", split=split, load_equal_length=False
-            )
-            for channels, label in zip(series, labels, strict=True):  # channels: (12, length)
-                for time, step in enumerate(channels.T):
-                    table.writerow([number, time, label, split, *(f"{v:.6g}" for v in step)])
+            series, labels = load_classification(name, split=split, load_equal_length=False)
+            if number == 0:
+                channels = range(1, series[0].shape[0] + 1)
+                table.writerow(["id", "time", "label", "split", *(f"c{j}" for j in channels)])
+            for steps, label in zip(series, labels, strict=True):  # steps: (channels, length)
+                for t, step in enumerate(steps.T):
+                    table.writerow([number, t, label, split, *(f"{v:.6g}" for v in step)])
                 number += 1
-                lengths.append(channels.shape[1])
-    print(f"{out}: {number} sequences, {min(lengths)}-{max(lengths)} steps")
+                lengths.append(steps.shape[1])
+    print(f"{out}: {number} sequences, {min(lengths)}-{max(lengths)} steps", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sets", nargs="+", default=SETS, help="aeon's bundled data sets")
+    parser.add_argument("--models", nargs="*", default=FAMILIES, help="families, seed 0")
+    parser.add_argument("--recipe", default="temporal_conv", help="the recommended family")
+    parser.add_argument("--recipe-seeds", type=int, nargs="*", default=[0, 1, 2])
+    parser.add_argument("overrides", nargs="*", help="python train.py overrides, after --")
+    args = parser.parse_args()
+    runs = [(family, 0) for family in args.models if family != args.recipe]
+    runs += [(args.recipe, seed) for seed in args.recipe_seeds]
+    cells: dict[str, dict[str, str]] = {}  # row -> set -> "accuracy (seconds)"
+    scores: dict[str, dict[str, float]] = {}  # row -> set -> accuracy (the recipe: its median)
+    for name in args.sets:
+        table = ROOT / "data" / "archive" / f"{name}.csv"
+        if not table.is_file():
+            write_table(name, table)
+        results = {}
+        for family, seed in runs:
+            overrides = [f"model={family}", *args.overrides]
+            results[family, seed] = train(table, seed, overrides)
+            print(f"{name} {family} seed {seed}: test/acc {results[family, seed][0]:.4f} "
+                  f"({results[family, seed][1]:.0f} s)", flush=True)  # fmt: skip
+        for baseline, result in baselines(table).items():
+            results[baseline, None] = result
+            print(f"{name} {baseline}: test accuracy {result[0]:.4f} ({result[1]:.0f} s)")
+        for (model, seed), (accuracy, seconds) in results.items():
+            row = model if seed is None else f"`{model}` seed {seed}"
+            cells.setdefault(row, {})[name] = f"{accuracy:.3f} ({seconds:.0f} s)"
+        recipe = [results[args.recipe, seed][0] for seed in args.recipe_seeds]
+        for (model, seed), (accuracy, _) in results.items():
+            if seed in (None, 0):
+                scores.setdefault(model if seed is None else f"`{model}`", {})[name] = accuracy
+        if recipe:
+            scores.setdefault(f"`{args.recipe}` (median of seeds)", {})[name] = statistics.median(
+                recipe
+            )
+
+    extra = f" ({' '.join(args.overrides)})" if args.overrides else ""
+    print(f"\nTest accuracy (seconds){extra}:\n")
+    print("| model | " + " | ".join(args.sets) + " |")
+    print("| --- |" + " ---: |" * len(args.sets))
+    for row, by_set in cells.items():
+        print(f"| {row} | " + " | ".join(by_set.get(s, "") for s in args.sets) + " |")
+    print("\nPer model: the median over the sets, and the sets where it beat 1-NN DTW:\n")
+    print("| model | median | above 1-NN DTW |")
+    print("| --- | ---: | ---: |")
+    dtw = scores["1-NN DTW"]
+    for row, by_set in scores.items():
+        above = sum(by_set[s] > dtw[s] for s in by_set)
+        print(f"| {row} | {statistics.median(by_set.values()):.3f} | {above} of {len(by_set)} |")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from kindling.data.loaders import ResumableDistributedSampler
 
 
 class LengthBucketSampler(ResumableDistributedSampler):
-    """`ResumableDistributedSampler`'s epochs (every sample once, seeded, this process's share,
+    """`ResumableDistributedSampler`'s epochs (every sample as often, seeded, this process's share,
     resumable mid-epoch), served in batches of similar lengths.
 
     Each epoch: a seeded permutation of the whole set (padded to an even share per process, as
@@ -32,15 +32,16 @@ class LengthBucketSampler(ResumableDistributedSampler):
         lengths: Sequence[int],
         batch_size: int,
         pool_batches: int = 32,
+        passes: int = 1,
     ):
-        super().__init__(dataset, num_replicas, rank, seed)
+        super().__init__(dataset, num_replicas, rank, seed, passes)
         self.lengths = torch.as_tensor(lengths)
         self.batch_size = batch_size
         self.pool_batches = pool_batches
 
     def epoch_order(self) -> list[int]:
         generator = torch.Generator().manual_seed(self.seed + self.epoch)
-        order = torch.randperm(len(self.lengths), generator=generator)
+        order = torch.tensor(self.shuffled(generator))
         order = torch.cat([order, order[: self.total_size - len(order)]])  # an even share each
         global_batch = self.batch_size * self.num_replicas
         pool = global_batch * self.pool_batches

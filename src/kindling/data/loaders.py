@@ -2,6 +2,7 @@
 
 import functools
 import itertools
+import math
 import os
 import signal
 from collections.abc import Iterator
@@ -69,8 +70,12 @@ class ResumableDistributedSampler(DistributedSampler):
     only: a checkpoint written as an epoch ended starts the next one afresh.
     """
 
-    def __init__(self, dataset: Dataset, num_replicas: int, rank: int, seed: int):
+    def __init__(self, dataset: Dataset, num_replicas: int, rank: int, seed: int, passes: int = 1):
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed)
+        # An epoch of `passes` permutations of a small set (SplitDataModule.epoch_passes).
+        self.passes = passes
+        self.num_samples = math.ceil(passes * len(dataset) / num_replicas)
+        self.total_size = self.num_samples * num_replicas
         self.consumed = 0
         self._resume_at: tuple[int, int] | None = None  # (epoch, consumed) of a loaded state
 
@@ -90,8 +95,15 @@ class ResumableDistributedSampler(DistributedSampler):
         """The epoch's samples for all processes, in the order dealt: `DistributedSampler`'s
         permutation, padded as it pads it to `total_size` (a subclass may reorder them)."""
         generator = torch.Generator().manual_seed(self.seed + self.epoch)
-        order = torch.randperm(len(self.dataset), generator=generator).tolist()
+        order = self.shuffled(generator)
         return order + list(itertools.islice(itertools.cycle(order), self.total_size - len(order)))
+
+    def shuffled(self, generator: torch.Generator) -> list[int]:
+        """`passes` permutations of the set, one after another."""
+        size = len(self.dataset)
+        return torch.cat(
+            [torch.randperm(size, generator=generator) for _ in range(self.passes)]
+        ).tolist()
 
     def state_dict(self) -> dict[str, int]:
         return {"seed": self.seed, "epoch": self.epoch, "consumed": self.consumed}
@@ -167,7 +179,16 @@ class SplitDataModule(L.LightningDataModule):
         self, dataset: Dataset, world_size: int, rank: int, seed: int
     ) -> ResumableDistributedSampler:
         """The order of training samples (a data module may batch similar samples together)."""
-        return ResumableDistributedSampler(dataset, world_size, rank, seed)
+        return ResumableDistributedSampler(
+            dataset, world_size, rank, seed, self.epoch_passes(dataset)
+        )
+
+    def epoch_passes(self, dataset: Dataset) -> int:
+        """How many times an epoch serves the training split: enough for `min_epoch_size`
+        samples, where a data module has it. A set of 50 sequences in batches of 32 is 2
+        optimizer steps an epoch; early stopping's patience and the validation cadence, counted
+        in epochs, would then hang on a handful of steps."""
+        return max(1, math.ceil((self.hparams.get("min_epoch_size") or 0) / len(dataset)))
 
     def _loader(
         self,

@@ -121,7 +121,9 @@ class SequenceTableDataModule(SplitDataModule):
 
     Its arguments are configs/data/sequences.yaml's keys. `num_features`, `num_classes` and
     `max_length` left null are read from the table (`describe`); given, they are checked against
-    it. `bucket`: training batches of similar lengths (kindling.data.buckets).
+    it. `bucket`: training batches of similar lengths (kindling.data.buckets). `min_epoch_size`:
+    an epoch serves the training split as often as it takes to serve this many sequences
+    (SplitDataModule.epoch_passes); 0: once.
     """
 
     fixed_batch_shapes = False  # each batch is padded to its longest sequence
@@ -148,6 +150,7 @@ class SequenceTableDataModule(SplitDataModule):
         persistent_workers: bool = True,
         shuffle_seed: int | None = None,
         bucket: bool = False,
+        min_epoch_size: int = 0,
     ):
         super().__init__()
         self.save_hyperparameters(logger=False)
@@ -281,7 +284,8 @@ class SequenceTableDataModule(SplitDataModule):
 
         lengths = [len(sequence) for sequence in dataset.sequences]
         batch_size = self.batch_size_per_device
-        return LengthBucketSampler(dataset, world_size, rank, seed, lengths, batch_size)
+        passes = self.epoch_passes(dataset)
+        return LengthBucketSampler(dataset, world_size, rank, seed, lengths, batch_size, 32, passes)
 
     def state_dict(self) -> dict[str, Any]:
         # Lightning stores this in every checkpoint: prediction needs no training data.
