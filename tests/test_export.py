@@ -152,7 +152,7 @@ SEQUENCE_FAMILIES = {
 def sequence_checkpoint(request, tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp(request.param)
     table = write_table(pattern_rows(30, seed=0, lengths=(3, 20)), folder / "table.csv")
-    run(compose_in(folder, "data=sequences", f"data.path={table}",
+    run(compose_in(folder, "data=sequences", "data.min_epoch_size=0", f"data.path={table}",
                    *SEQUENCE_FAMILIES[request.param], *SHORT_RUN))  # fmt: skip
     return folder / "run" / "checkpoints" / "last.ckpt"
 

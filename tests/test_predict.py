@@ -225,7 +225,8 @@ def test_two_processes_write_each_file_once_in_the_folder_s_order(
 # A table of sequences (data=sequences): a small net trained on the learnable task of
 # tests/test_sequences.py, once per session and shared by the pytest-xdist workers.
 SEQUENCE_RUN = [
-    "data=sequences", "data.batch_size=16", "model=temporal_conv", "model.net.channels=[16,32]",
+    "data=sequences", "data.min_epoch_size=0", "data.batch_size=16", "model=temporal_conv",
+    "model.net.channels=[16,32]",
     "model.net.kernel_sizes=[5,3]", "model.optimizer.lr=0.003", "trainer=cpu",
     "trainer.max_epochs=12", "callbacks.early_stopping=null", "callbacks.plots=null", "test=false",
     *QUIET,

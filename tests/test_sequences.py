@@ -152,6 +152,7 @@ def test_every_family_learns_where_a_pattern_lies(
     table = write_table(pattern_rows(150, seed=0), tmp_path / "table.parquet")
     cfg = compose_config(
         "data=sequences", f"data.path={table}", "data.batch_size=16", f"model={model}",
+        "data.min_epoch_size=0",
         *SMALL[model], "model.optimizer.lr=0.003", f"trainer={trainer}", "trainer.max_epochs=12",
         "callbacks.early_stopping=null", "callbacks.plots=null", *QUIET,
     )  # fmt: skip
@@ -255,6 +256,7 @@ def test_two_processes_learn_sequences_and_test_each_one_once(tmp_path: Path) ->
     table = write_table(pattern_rows(151, seed=0), tmp_path / "table.parquet")
     common = [
         "data=sequences", f"data.path={table}", "data.batch_size=16", "model=gru",
+        "data.min_epoch_size=0",
         "model.net.hidden_size=32", "model.net.bidirectional=true", "trainer.accelerator=cpu",
         "callbacks.early_stopping=null", *QUIET,
     ]  # fmt: skip
