@@ -173,14 +173,18 @@ def fill_in_from_data(data: DictConfig, datamodule: L.LightningDataModule) -> No
     """Write what only the data knows into the run's config before the model is built from it.
 
     A data module that must read its files to know its class count, image shape or features
-    (a folder's class folders, a table's columns) says so in `describe()`, a dict of `data.` keys
-    its config leaves null: `model.net.num_classes: ${data.num_classes}` then reads the real
-    value, the saved config holds it, and composing a config (`--cfg job`) reads no data.
+    (a folder's class folders, a table's columns) says what they are in `describe()`, a dict of
+    `data.` keys; those its config leaves null are filled in: `model.net.num_classes:
+    ${data.num_classes}` then reads the real value, the saved config and the module's
+    hyperparameters hold it, and composing a config (`--cfg job`) reads no data.
     """
     describe = getattr(datamodule, "describe", None)
-    if describe is not None:
-        with open_dict(data):
-            data.merge_with(describe())
+    if describe is None:
+        return
+    found = {key: value for key, value in describe().items() if data.get(key) is None}
+    datamodule.hparams.update(found)
+    with open_dict(data):
+        data.merge_with(found)
 
 
 def augment_images_only(data: DictConfig) -> None:

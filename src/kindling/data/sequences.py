@@ -244,7 +244,7 @@ class SequenceTableDataModule(SplitDataModule):
                 f"data.path={hp.path} has the classes {', '.join(table.classes)}, but the "
                 f"checkpoint was trained on {', '.join(self.classes)}."
             )
-        for name, value in self._found().items():
+        for name, value in self.describe().items():
             expected = hp[name]
             if expected is not None and (expected < value if name == "max_length" else
                                          expected != value):  # fmt: skip
@@ -261,19 +261,14 @@ class SequenceTableDataModule(SplitDataModule):
             self._table = read_sequence_table(self.hparams.path, self.columns, self.hparams.missing)
         return self._table
 
-    def _found(self) -> dict[str, int]:
+    def describe(self) -> dict[str, int]:
+        """The counts read from the table (kindling.train fills in those the config leaves null
+        before the model is built)."""
         return {
             "num_classes": len(self.table.classes),
             "num_features": len(self.table.features),
             "max_length": max(len(sequence) for sequence in self.table.sequences),
         }
-
-    def describe(self) -> dict[str, int]:
-        """The counts the config leaves null, read from the table (kindling.train fills them in
-        before the model is built)."""
-        found = {name: value for name, value in self._found().items() if self.hparams[name] is None}
-        self.hparams.update(found)  # and the checkpoints' hyperparameters hold them
-        return found
 
     def training_sampler(
         self, dataset: Dataset, world_size: int, rank: int, seed: int

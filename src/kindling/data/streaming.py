@@ -158,15 +158,10 @@ class StreamingDataModule(SplitDataModule):
         return dict(self.hparams.storage_options or {})
 
     def describe(self) -> dict[str, Any]:
-        """What the config leaves null, read from the copy's description (kindling.train fills
-        it in before the model is built): the class count, and the image shape or the feature
-        count and longest sequence."""
-        found = {key: value for key, value in self._stored().items() if self.hparams[key] is None}
-        self.hparams.update(found)  # and the checkpoints' hyperparameters hold them
-        return found
-
-    def _stored(self) -> dict[str, Any]:
-        """The copy's values of the config's keys (None where the copy's kind has none)."""
+        """The copy's values of the config's keys, read from its description (kindling.train
+        fills in those the config leaves null before the model is built): the class count, and
+        the image shape or the feature count and longest sequence (None where the copy's kind
+        has none)."""
         keys = ("image_shape", "num_features", "max_length")
         return {"num_classes": len(self.metadata["classes"])} | {
             key: self.metadata.get(key) for key in keys
@@ -225,7 +220,7 @@ class StreamingDataModule(SplitDataModule):
 
     def _check(self, metadata: dict[str, Any]) -> None:
         hp = self.hparams
-        for key, value in self._stored().items():
+        for key, value in self.describe().items():
             given = list(hp[key]) if isinstance(hp[key], Sequence) else hp[key]
             if given is not None and given != value:
                 raise UserError(
