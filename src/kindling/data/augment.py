@@ -1,11 +1,7 @@
-"""What is done to each training sample: the `augment` config group, built two ways.
-
-Each option of configs/data/augment/ is a mapping of named torchvision.transforms.v2 transforms.
-Image folders run them as they are, per image in the DataLoader workers (`worker_transform`).
-In-memory data sets have no workers: `BatchAugment` applies the same random crop and horizontal
-flip to whole batches on the training device, with a draw of its own for every image (a v2
-transform called on a batch draws once for all of it).
-"""
+"""The `augment` config group (named torchvision.transforms.v2 transforms), applied two ways:
+per image in the DataLoader workers (`worker_transform`), or, for in-memory data sets, which
+have no workers, to whole batches on the device by `BatchAugment`, a draw per image (a v2
+transform called on a batch draws once for all of it)."""
 
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -40,11 +36,9 @@ def random_crop(
     fill: torch.Tensor | float,
     generator: torch.Generator,
 ) -> torch.Tensor:
-    """A `size` window of each padded image of `(B, C, H, W)`, at an offset drawn per image.
-
-    `padding` is `[left, right, top, bottom]` (as `v2.RandomCrop` stores it), filled with
-    `fill` (a number, or `(1, C, 1, 1)` per channel).
-    """
+    """A `size` window of each padded image of `(B, C, H, W)`, at an offset drawn per image;
+    `padding`: `[left, right, top, bottom]` (as `v2.RandomCrop` stores it), filled with `fill`
+    (a number, or `(1, C, 1, 1)` per channel)."""
     left, right, top, bottom = padding or (0, 0, 0, 0)
     # Pad with zeros around images shifted by -fill, then shift back: padding filled with `fill`.
     padded = F.pad(images - fill, (left, right, top, bottom)) + fill
@@ -67,18 +61,14 @@ def random_crop(
 
 
 class BatchAugment:
-    """Random crops and horizontal flips of whole batches, one draw per image.
-
-    Built from the same `v2.RandomCrop` / `v2.RandomHorizontalFlip` objects as the image-folder
-    pipeline; other transforms are refused (they need a per-image pipeline in workers).
-    """
+    """The config's `v2.RandomCrop` and `v2.RandomHorizontalFlip`, applied to whole batches, a
+    draw per image; other transforms need a per-image pipeline in workers, and are refused."""
 
     def __init__(self, augment: Mapping[str, Transform | None] | None):
-        self.transforms = [t for t in (augment or {}).values() if t is not None]
-        for name, transform in (augment or {}).items():
-            if transform is not None and not isinstance(
-                transform, v2.RandomHorizontalFlip | v2.RandomCrop
-            ):
+        augment = {name: t for name, t in (augment or {}).items() if t is not None}
+        self.transforms = list(augment.values())
+        for name, transform in augment.items():
+            if not isinstance(transform, v2.RandomHorizontalFlip | v2.RandomCrop):
                 raise UserError(
                     f"augment.{name} ({type(transform).__name__}) runs on image folders only: "
                     "in-memory data sets augment whole batches on the device with RandomCrop "

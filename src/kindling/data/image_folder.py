@@ -38,49 +38,31 @@ Samples = list[tuple[Path, int]]  # (file, class index)
 
 def image_files(folder: Path) -> tuple[list[Path], int]:
     """Image files under `folder` (any depth, sorted) and the number of other files skipped."""
-    files, skipped = [], 0
-    for path in sorted(folder.rglob("*")):
-        if not path.is_file() or path.name.startswith("."):
-            continue
-        if path.suffix.lower() in IMAGE_SUFFIXES:
-            files.append(path)
-        else:
-            skipped += 1
-    return files, skipped
+    paths = [p for p in sorted(folder.rglob("*")) if p.is_file() and not p.name.startswith(".")]
+    files = [p for p in paths if p.suffix.lower() in IMAGE_SUFFIXES]
+    return files, len(paths) - len(files)
 
 
-def class_folders(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
-
-
-def split_root(root: Path) -> Path:
-    """The folder whose subfolders are the training classes."""
-    return root / "train" if (root / "train").is_dir() else root
-
-
-def check_root(root: Path) -> None:
-    if not root.exists():
-        raise UserError(
-            f"data.path={root} does not exist. Point data.path at a folder laid out as "
-            "<path>/<class>/<images> or <path>/train/<class>/<images>."
-        )
-    if not root.is_dir():
-        raise UserError(
-            f"data.path={root} is a file; give the folder that holds the class folders."
-        )
+def class_folders(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
 def class_names(root: str | Path) -> list[str]:
     """The class names of an image folder: the subfolders of `<root>/train`, or of `<root>`."""
     root = Path(root)
-    check_root(root)
-    folders = class_folders(split_root(root))
-    if not folders:
+    if not root.is_dir():
         raise UserError(
-            f"{split_root(root)} has no class subfolders. Put each class's images in a "
-            "folder of its own: <path>/<class>/<images> (e.g. <path>/cat/1.jpg, <path>/dog/2.jpg)."
+            f"data.path={root} {'is a file' if root.exists() else 'does not exist'}. Point "
+            "data.path at a folder laid out as <path>/<class>/<images> or <path>/train/<class>/..."
         )
-    return [f.name for f in folders]
+    folder = root / "train" if (root / "train").is_dir() else root
+    classes = class_folders(folder)
+    if not classes:
+        raise UserError(
+            f"{folder} has no class subfolders. Put each class's images in a folder of its own: "
+            "<path>/<class>/<images> (e.g. <path>/cat/1.jpg, <path>/dog/2.jpg)."
+        )
+    return classes
 
 
 def read_image_folder(root: str | Path) -> tuple[list[str], dict[str, Samples]]:
@@ -94,7 +76,7 @@ def read_image_folder(root: str | Path) -> tuple[list[str], dict[str, Samples]]:
         split_dir = root / split if has_splits else root
         if not split_dir.is_dir():
             continue
-        found = [f.name for f in class_folders(split_dir)]
+        found = class_folders(split_dir)
         unknown = sorted(set(found) - set(classes))
         if unknown:
             raise UserError(
@@ -119,10 +101,6 @@ def read_image_folder(root: str | Path) -> tuple[list[str], dict[str, Samples]]:
 class UnreadableImage(Exception):
     """A file that neither torchvision.io nor PIL can decode (corrupt, truncated, not an image)."""
 
-    def __init__(self, path: Path, reason: object):
-        super().__init__(f"{path}: {reason}")
-        self.path = path
-
 
 def decode_file(path: Path, channels: int) -> torch.Tensor:
     """uint8 `(channels, H, W)` at the file's own size: torchvision.io (libjpeg-turbo, libpng),
@@ -136,7 +114,7 @@ def decode_file(path: Path, channels: int) -> torch.Tensor:
         with Image.open(path) as image:
             return pil_to_tensor(image.convert("L" if channels == 1 else "RGB"))
     except Exception as error:  # PIL raises many kinds: OSError, SyntaxError, ValueError, ...
-        raise UnreadableImage(path, error) from error
+        raise UnreadableImage(f"{path}: {error}") from error
 
 
 def read_image(path: Path, channels: int, size: int) -> torch.Tensor:
@@ -148,21 +126,15 @@ def read_image(path: Path, channels: int, size: int) -> torch.Tensor:
 
 
 class ImageFiles(Dataset):
-    """`(image, label)` pairs of image files, each image uint8 `(channels, size, size)`.
+    """`(image, label)` of `(file, label)` samples, each image uint8 `(channels, size, size)`,
+    then `transform`ed (training augmentation).
 
-    Args:
-        samples: `(file, label)` pairs.
-        channels: 1 (grey) or 3 (RGB); files of other modes are converted.
-        size: height and width; files of other sizes are resized.
-        transform: applied to each uint8 image after resizing (training augmentation).
-        predicting: serve `(image, label, readable)`, a blank image where a file cannot be
-            decoded (the labels are then rows of `predict_names`: kindling.data.loaders).
-            Otherwise the next readable file is served in place of one that cannot be decoded
-            (named in a warning, once per worker): a run never dies mid-epoch on a bad file,
-            and every batch keeps its size.
+    A file that cannot be decoded is replaced by the next readable one (named in a warning, once
+    per worker): a run never dies mid-epoch on a bad file, and every batch keeps its size.
+    `predicting`: `(image, row, readable)` instead, a blank image where a file is unreadable.
 
-    In a DataLoader worker its state is the worker's torch generator, which `transform` draws
-    from: torchdata's `StatefulDataLoader` saves it with the loader's position, so a run resumed
+    In a worker its state is the worker's torch generator, which `transform` draws from:
+    torchdata's `StatefulDataLoader` saves it with the loader's position, so a run resumed
     mid-epoch augments the rest of the epoch as it would have. `rank` (set by the data module)
     keeps one process's generators from being given to another's workers.
     """
@@ -175,10 +147,8 @@ class ImageFiles(Dataset):
         transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
         predicting: bool = False,
     ):
-        self.samples = samples
-        self.channels, self.size = channels, size
-        self.transform = transform
-        self.predicting = predicting
+        self.samples, self.channels, self.size = samples, channels, size
+        self.transform, self.predicting = transform, predicting
         self.reported: set[Path] = set()
         self.rank = 0
 
@@ -217,14 +187,6 @@ class ImageFiles(Dataset):
         raise RuntimeError(f"none of the {len(self.samples)} image files can be decoded")
 
 
-def readable(path: Path, channels: int) -> bool:
-    try:
-        decode_file(path, channels)
-    except UnreadableImage:
-        return False
-    return True
-
-
 def files_to_predict(folder: str | Path, channels: int, size: int) -> tuple[Dataset, list[str]]:
     """The image files under `folder` (`python -m kindling.predict input=<folder>`), as a data
     set of `(image, row, readable)`, and their names, in the folder's sorted order."""
@@ -240,39 +202,29 @@ def files_to_predict(folder: str | Path, channels: int, size: int) -> tuple[Data
     return ImageFiles(rows, channels, size, predicting=True), [str(f) for f in files]
 
 
-def channel_statistics(
-    dataset: Dataset, sample: int, seed: int = 0
-) -> tuple[list[float], list[float]]:
-    """Mean and standard deviation per channel, in [0, 1] units, of up to `sample` images of
-    `dataset` (uint8 `(C, H, W)` images, chosen with `seed`)."""
+Statistics = tuple[list[float], list[float]]  # mean, std per channel, in [0, 1] units
+
+
+def channel_statistics(dataset: Dataset, sample: int, seed: int = 0) -> Statistics:
+    """Of up to `sample` images of `dataset` (uint8 `(C, H, W)`, all one size), chosen with
+    `seed`."""
     generator = torch.Generator().manual_seed(seed)
     indices = torch.randperm(len(dataset), generator=generator)[:sample].tolist()
-    total = total_sq = None
-    count = 0
-    for index in indices:
-        image = dataset[index][0].double().div_(255.0).flatten(1)  # (C, H*W)
-        total = image.sum(1) if total is None else total + image.sum(1)
-        total_sq = image.square().sum(1) if total_sq is None else total_sq + image.square().sum(1)
-        count += image.shape[1]
-    mean = total / count
-    std = (total_sq / count - mean.square()).clamp_min(1e-12).sqrt()
+    images = (dataset[i][0].double().div_(255.0).flatten(1) for i in indices)  # (C, H*W) each
+    mean, mean_square = torch.stack(
+        [torch.stack([x.mean(1), x.square().mean(1)]) for x in images]
+    ).mean(0)
+    std = (mean_square - mean.square()).clamp_min(1e-12).sqrt()
     return mean.tolist(), std.clamp_min(1e-6).tolist()
 
 
-Statistics = tuple[list[float], list[float]]  # mean, std per channel
-
-
 def cached_statistics(cache: Path, key: str, compute: Callable[[], Statistics]) -> Statistics:
-    """The statistics stored under `key` in the JSON file `cache`, or `compute()` stored there.
-
-    A folder that cannot be written to only loses the cache: the statistics are computed again.
-    """
-    stored = {}
-    if cache.is_file():
-        try:
-            stored = json.loads(cache.read_text())
-        except (OSError, ValueError):
-            stored = {}
+    """The statistics stored under `key` in the JSON file `cache`, or `compute()` stored there
+    (where the folder can be written to)."""
+    try:
+        stored = json.loads(cache.read_text())
+    except (OSError, ValueError):  # none yet, or unreadable
+        stored = {}
     if key in stored:
         return stored[key]["mean"], stored[key]["std"]
     mean, std = compute()
@@ -307,34 +259,9 @@ class ImageFolderDataModule(SplitDataModule):
     to the device as uint8 and are converted and standardised there (`on_after_batch_transfer`).
     A `predict_input` folder (kindling.data.loaders) is read the same way, without augmentation.
 
-    Args:
-        path: the image folder.
-        num_classes: the number of classes; null: counted from the class folders (`describe`).
-        image_size: height and width every image is resized to.
-        channels: 1 (grey) or 3 (RGB); other modes are converted.
-        image_shape: `[channels, image_size, image_size]`, for the model config; checked.
-        batch_size: the global batch size, divided evenly over the processes of a run.
-        val_fraction: share of train held out for validation when there is no `val/`.
-        test_fraction: share of train held out for testing when there is no `test/`.
-        seed: seed of the carved splits (and folds) and of the statistics' sample.
-        folds, fold: k-fold cross-validation, without a `val/` folder: what train keeps after the
-            test split is cut into `folds` stratified, seeded folds (kindling.data.splits); fold
-            `fold` is validation, the others train (`val_fraction` is then unused).
-        augment: training-time transforms (torchvision.transforms.v2, applied to uint8 images).
-        mean: per-channel mean in [0, 1] units; null: measured on the training split.
-        std: per-channel standard deviation; null: measured with `mean`.
-        statistics_sample: how many training images the statistics are measured on; cached in
-            `<path>/.kindling_statistics.json` for the next run.
-        unreadable: `skip` (a file that cannot be decoded is replaced by the next one and named
-            in a warning) or `check` (decode every file before training; refuse with the list).
-        num_workers: DataLoader worker processes per device; null: the CPUs available to this
-            process shared by the processes of this machine.
-        pin_memory: page-locked host batches for faster copies (used only on CUDA).
-        persistent_workers: keep workers alive between epochs (when there are workers).
-        prefetch_factor: batches each worker prepares ahead (when there are workers).
-        drop_last: drop the last, partial training batch.
-        decode_device: `cpu` (workers decode) or `cuda` (workers read file bytes; JPEGs are
-            decoded on the GPU, in batches, with nvJPEG).
+    Its arguments are configs/data/image_folder.yaml's keys, each explained there. `num_classes`
+    null is counted from the class folders (`describe`); `mean` and `std` null are measured on
+    `statistics_sample` training images and cached in `<path>/.kindling_statistics.json`.
     """
 
     def __init__(
@@ -387,8 +314,7 @@ class ImageFolderDataModule(SplitDataModule):
         self._on_device: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def describe(self) -> dict[str, Any]:
-        """The class count, read from the class folders when the config leaves it null
-        (kindling.train.fill_in_from_data writes it into the run's config for the model)."""
+        """The class count, counted from the class folders when the config leaves it null."""
         if self.hparams.num_classes is not None:
             return {}
         return {"num_classes": len(class_names(self.hparams.path))}
@@ -464,7 +390,13 @@ class ImageFolderDataModule(SplitDataModule):
             )
 
     def _unreadable(self, files: list[Path]) -> list[Path]:
-        return [f for f in files if not readable(f, self.hparams.channels)]
+        bad = []
+        for file in files:
+            try:
+                decode_file(file, self.hparams.channels)
+            except UnreadableImage:
+                bad.append(file)
+        return bad
 
     def _set_statistics(self, train: ImageFiles) -> None:
         hp = self.hparams
@@ -474,10 +406,8 @@ class ImageFolderDataModule(SplitDataModule):
             key = (
                 f"{hp.channels}x{hp.image_size}, {len(train)} images, sample {hp.statistics_sample}"
             )
-            cache = Path(hp.path) / STATISTICS_FILE
-            mean, std = cached_statistics(
-                cache, key, lambda: channel_statistics(train, hp.statistics_sample, hp.seed)
-            )
+            measure = lambda: channel_statistics(train, hp.statistics_sample, hp.seed)  # noqa: E731
+            mean, std = cached_statistics(Path(hp.path) / STATISTICS_FILE, key, measure)
         if len(mean) != hp.channels or len(std) != hp.channels:
             raise UserError(
                 f"data.mean and data.std need {hp.channels} values (one per channel); "
@@ -505,20 +435,17 @@ class ImageFolderDataModule(SplitDataModule):
             return batch
         encoded, labels = batch
         transform = self.transform if self.trainer.training else None
-        device = self.trainer.strategy.root_device
-        hp = self.hparams
+        device, hp = self.trainer.strategy.root_device, self.hparams
         return decode_batch(encoded, device, hp.channels, hp.image_size, transform), labels
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         if not isinstance(batch, list | tuple):  # the model summary's example input
             return batch
         images, *rest = batch  # labels, or a prediction's rows and readable
-        if images.device not in self._on_device:  # the statistics, copied once per device
-            self._on_device[images.device] = (
-                self.mean.to(images.device),
-                self.std.to(images.device),
-            )
-        return [to_model_input(images, *self._on_device[images.device]), *rest]
+        device = images.device
+        if device not in self._on_device:  # the statistics, copied once per device
+            self._on_device[device] = (self.mean.to(device), self.std.to(device))
+        return [to_model_input(images, *self._on_device[device]), *rest]
 
     def state_dict(self) -> dict[str, Any]:
         # Lightning stores this in every checkpoint: prediction needs no training data.

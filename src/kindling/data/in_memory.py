@@ -1,5 +1,4 @@
-"""Images held in memory as tensors (digits, the torchvision sets): normalised, split, served a
-batch at a time by one index operation (or from the device, all at once)."""
+"""Images held in memory as tensors (digits, the torchvision sets), a batch by one index."""
 
 from abc import abstractmethod
 from collections.abc import Callable, Mapping, Sequence
@@ -23,12 +22,8 @@ Split = tuple[torch.Tensor, torch.Tensor]  # images (N, C, H, W) float in [0, 1]
 
 
 class BatchIndexedTensors(TensorDataset):
-    """Tensors of equal length whose batches are taken with one index per tensor.
-
-    A DataLoader with a batch size hands `__getitems__` all the indices of a batch (torch's
-    fetcher does, when a data set has it); `collate` passes the stacked batch through. Samplers,
-    `DistributedSampler` included, work as for any data set, and `__getitem__` serves one sample.
-    """
+    """Tensors whose batches are taken with one index per tensor: torch's fetcher hands
+    `__getitems__` all the indices of a batch, and `collate` passes the result through."""
 
     def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, ...]:
         index = torch.as_tensor(indices)
@@ -42,33 +37,15 @@ class BatchIndexedTensors(TensorDataset):
 class InMemoryImageDataModule(SplitDataModule):
     """Images held in memory as tensors, standardised per channel with training-set statistics.
 
-    Subclasses implement `load_splits`, returning the train and test splits; this class carves
-    a seeded validation split out of train and serves all three. A `predict_input` folder of
-    image files (kindling.data.loaders) is decoded to `image_shape` and standardised alike.
-
-    Args:
-        data_dir: where the data set's files live (or are downloaded to).
-        num_classes: number of classes; checked against the labels.
-        image_shape: `[channels, height, width]`; checked against the images.
-        batch_size: the global batch size, divided evenly over the processes of a run.
-        val_fraction: share of the training split held out for validation.
-        num_workers: DataLoader worker processes per device (0 loads in the main process).
-        pin_memory: page-locked host batches for faster copies (used only on CUDA).
-        persistent_workers: keep workers alive between epochs (when `num_workers > 0`).
-        seed: seed of the validation split (or folds), independent of the run's seed (the split
-            stays the same across a seed sweep).
-        folds, fold: k-fold cross-validation: the training split is cut into `folds` stratified,
-            seeded folds (kindling.data.splits); fold `fold` is validation, the others train
-            (`val_fraction` is then unused). None: a `val_fraction` carved at random.
-        shuffle_seed: seed of the order of training batches (configs pass the run's `seed`);
-            None draws one, the same on every rank.
-        on_device: keep the whole data set on the training device (one copy at the start) and
-            serve batches there with `DeviceTensorLoader`, instead of a DataLoader. `auto`: on a
-            CUDA device when the three splits take at most `ON_DEVICE_SHARE` of its free memory
-            (on every rank); elsewhere the DataLoader, which indexes a whole batch at once.
-        augment: training-time augmentation (the `augment` config group): random crops and
-            flips applied to each training batch on the device, one draw per image, seeded by
-            the run's seed, the epoch, the batch and the process rank.
+    Subclasses implement `load_splits`, returning the train and test splits; this class holds
+    out validation (a seeded `val_fraction`, or fold `fold` of `folds`: kindling.data.splits)
+    and serves all three. Its arguments are configs/data/_base/in_memory_image.yaml's keys;
+    `seed` seeds the validation split alone, so it stays the same across a seed sweep.
+    `on_device`: serve batches from the training device (`DeviceTensorLoader`) after one copy
+    of the whole set; `auto` does on CUDA when the splits take at most `ON_DEVICE_SHARE` of its
+    free memory. `augment`: random crops and flips of each training batch on the device, one
+    draw per image (kindling.data.augment). A `predict_input` folder of image files is decoded
+    to `image_shape` and standardised alike.
     """
 
     def __init__(
@@ -89,7 +66,6 @@ class InMemoryImageDataModule(SplitDataModule):
         fold: int | None = None,
     ):
         super().__init__()
-        # Transforms are objects: checkpoints hold plain values only (the config has them).
         self.save_hyperparameters(ignore=["augment"], logger=False)
         self.batch_augment = self.generator = None
         if any(t is not None for t in (augment or {}).values()):
@@ -105,8 +81,7 @@ class InMemoryImageDataModule(SplitDataModule):
         if on_device not in (True, False, "auto"):
             raise UserError(f"data.on_device must be true, false or auto, got {on_device!r}.")
         self._on_device: bool | None = None  # `on_device` decided, once the trainer is known
-        # Per-channel statistics of the training split, saved in checkpoints for prediction.
-        self.mean: torch.Tensor | None = None
+        self.mean: torch.Tensor | None = None  # of the training split, saved in checkpoints
         self.std: torch.Tensor | None = None
 
     @abstractmethod
@@ -200,7 +175,7 @@ class InMemoryImageDataModule(SplitDataModule):
         return self._on_device
 
     def _loader(
-        self, dataset: Dataset | None, shuffle: bool, drop_last: bool = False
+        self, dataset: Dataset | None, shuffle: bool = False, drop_last: bool = False
     ) -> "DataLoader | DeviceTensorLoader":
         if not isinstance(dataset, BatchIndexedTensors) or not self.serves_on_device():
             return super()._loader(dataset, shuffle, drop_last=drop_last)

@@ -22,8 +22,6 @@ PREDICT_SPLITS = ("test", "val")  # the splits `python -m kindling.predict input
 
 def per_device_batch_size(batch_size: int, world_size: int) -> int:
     """Split a global batch size evenly over `world_size` processes."""
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int):
-        raise UserError(f"data.batch_size must be a whole number, got {batch_size!r}.")
     if batch_size <= 0:
         raise UserError(f"data.batch_size must be a positive integer, got {batch_size}.")
     if batch_size % world_size:
@@ -36,8 +34,8 @@ def per_device_batch_size(batch_size: int, world_size: int) -> int:
 
 
 def default_num_workers(processes_per_node: int) -> int:
-    """DataLoader workers per process: the CPUs this process may run on, shared evenly by the
-    processes of this machine (`sched_getaffinity` honours taskset, cgroups and SLURM)."""
+    """The CPUs this process may run on (taskset, cgroups, SLURM), shared by this machine's
+    processes."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # macOS, Windows
@@ -45,46 +43,56 @@ def default_num_workers(processes_per_node: int) -> int:
     return max(1, cpus // max(1, processes_per_node))
 
 
-def resume_position(consumed: int, world_size: int) -> int:
-    """`consumed`, the samples of an epoch that a checkpoint's processes took together, if the
-    rest of the epoch splits over `world_size` processes as it is dealt (one sample each in
-    turn); they would otherwise run different numbers of steps."""
-    if consumed % world_size:
-        raise UserError(
-            f"The checkpoint stopped {consumed} training samples into its epoch, which does not "
-            f"split evenly over {world_size} processes: resume on a number of processes that "
-            f"divides {consumed}, or from a checkpoint written at the end of an epoch."
-        )
-    return consumed
+class EpochPosition:
+    """Where an epoch stands, saved in checkpoints: the samples of it that all processes took
+    together. A run resumed from it serves the rest of that epoch, in the same order, dealt over
+    the processes it has, as many as the saving run's or not; it applies to its own epoch only.
+    Needs `seed`, `epoch` and `processes`; `served_unit`: the samples an older checkpoint's
+    `served` (this process's count) stands for."""
+
+    consumed = 0
+    _resume_at: tuple[int, int] | None = None  # (epoch, consumed) of a loaded state
+
+    def start(self) -> int:
+        """Where this epoch starts: a loaded position of this epoch, else its beginning."""
+        resume, self._resume_at = self._resume_at, None
+        self.consumed = resume[1] if resume is not None and resume[0] == self.epoch else 0
+        return self.consumed
+
+    def state_dict(self) -> dict[str, int]:
+        return {"seed": self.seed, "epoch": self.epoch, "consumed": self.consumed}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.seed = state["seed"]
+        # Older checkpoints count this process's samples: they resume on as many processes.
+        consumed = state["consumed"] if "consumed" in state else state["served"] * self.served_unit
+        # Dealt one each in turn, the rest of the epoch splits evenly only from such a position;
+        # processes would otherwise run different numbers of steps.
+        if consumed % self.processes:
+            raise UserError(
+                f"The checkpoint stopped {consumed} training samples into its epoch, which does "
+                f"not split evenly over {self.processes} processes: resume on a number of "
+                f"processes that divides {consumed}, or from a checkpoint written at the end of "
+                "an epoch."
+            )
+        self._resume_at = (state["epoch"], consumed)
 
 
-class ResumableDistributedSampler(DistributedSampler):
-    """The order of training samples: `DistributedSampler`'s permutation of the epoch (Lightning
-    calls `set_epoch`), this process's share of it, and where the epoch stands.
-
-    Its state (seed, epoch, samples consumed by all processes together) is what torchdata's
-    `StatefulDataLoader` saves for a sampler, with the loader's workers, in every checkpoint
-    (Lightning's loop state); a run resumed from one serves the rest of that epoch, in the same
-    order, dealt over the processes it has: the position is the epoch's, not a process's, so a
-    run resumes on another number of processes too. A saved position applies to its own epoch
-    only: a checkpoint written as an epoch ended starts the next one afresh.
-    """
+class ResumableDistributedSampler(EpochPosition, DistributedSampler):
+    """`DistributedSampler`'s permutation of each epoch (Lightning calls `set_epoch`), this
+    process's share of it, and where the epoch stands (`EpochPosition`), which torchdata's
+    `StatefulDataLoader` saves in every checkpoint with the loader's workers. `passes`: an epoch
+    of that many permutations of a small set (SplitDataModule.epoch_passes)."""
 
     def __init__(self, dataset: Dataset, num_replicas: int, rank: int, seed: int, passes: int = 1):
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed)
-        # An epoch of `passes` permutations of a small set (SplitDataModule.epoch_passes).
         self.passes = passes
         self.num_samples = math.ceil(passes * len(dataset) / num_replicas)
         self.total_size = self.num_samples * num_replicas
-        self.consumed = 0
-        self._resume_at: tuple[int, int] | None = None  # (epoch, consumed) of a loaded state
+        self.processes = self.served_unit = num_replicas
 
     def __iter__(self) -> Iterator[int]:
-        start = 0
-        if self._resume_at is not None and self._resume_at[0] == self.epoch:
-            start = self._resume_at[1]
-        self._resume_at = None
-        self.consumed = start
+        start = self.start()
         # Dealt one each in turn: when every process has served k samples, the processes have
         # consumed the first start + k * num_replicas of the epoch's order.
         for index in self.epoch_order()[start + self.rank :: self.num_replicas]:
@@ -92,8 +100,8 @@ class ResumableDistributedSampler(DistributedSampler):
             yield index
 
     def epoch_order(self) -> list[int]:
-        """The epoch's samples for all processes, in the order dealt: `DistributedSampler`'s
-        permutation, padded as it pads it to `total_size` (a subclass may reorder them)."""
+        """The epoch's samples for all processes, in the order dealt, padded as
+        `DistributedSampler` pads to `total_size` (a subclass may reorder them)."""
         generator = torch.Generator().manual_seed(self.seed + self.epoch)
         order = self.shuffled(generator)
         return order + list(itertools.islice(itertools.cycle(order), self.total_size - len(order)))
@@ -105,20 +113,11 @@ class ResumableDistributedSampler(DistributedSampler):
             [torch.randperm(size, generator=generator) for _ in range(self.passes)]
         ).tolist()
 
-    def state_dict(self) -> dict[str, int]:
-        return {"seed": self.seed, "epoch": self.epoch, "consumed": self.consumed}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.seed = state["seed"]
-        # Older checkpoints count this process's samples: they resume on as many processes.
-        consumed = state["consumed"] if "consumed" in state else state["served"] * self.num_replicas
-        self._resume_at = (state["epoch"], resume_position(consumed, self.num_replicas))
-
 
 def leave_stop_signals_to_the_main_process(worker_id: int, rank: int) -> None:
-    """A loader worker ignores Ctrl-C and SIGTERM: a terminal's Ctrl-C and SLURM's `scancel`
-    signal every process of the group, and a worker that died of it would fail the step its main
-    process is finishing before it saves. The main process ends its workers when it exits."""
+    """A loader worker ignores Ctrl-C and SIGTERM: a terminal and SLURM's `scancel` signal the
+    whole process group, and a worker that died of it would fail the step its main process is
+    finishing before it saves. The main process ends its workers when it exits."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if int(os.environ.get("PL_SEED_WORKERS", 0)):  # Lightning seeds only a loader without one
@@ -128,24 +127,22 @@ def leave_stop_signals_to_the_main_process(worker_id: int, rank: int) -> None:
 class SplitDataModule(L.LightningDataModule):
     """Serves `data_train`, `data_val` and `data_test` (set by a subclass's `setup`).
 
-    Needs the hyperparameters `batch_size` (global: divided over the processes of a run),
-    `num_workers` (null: `default_num_workers`), `pin_memory` (used on CUDA only) and
-    `persistent_workers`; uses `prefetch_factor` and `drop_last` (training batches only) where
-    a subclass has them.
+    Needs the hyperparameters `batch_size` (global), `num_workers` (null: `default_num_workers`),
+    `pin_memory` (CUDA only); uses `persistent_workers`, `prefetch_factor`, `drop_last`
+    (training), `shuffle_seed` and `min_epoch_size` where a subclass has them.
+    `fixed_batch_shapes`: False where batches vary in shape (padded sequences); the trainer
+    times cuDNN's convolution algorithms only when they do not.
 
-    `fixed_batch_shapes`: every batch has the same shape but the last of a split, as images
-    and text windows do; a subclass whose batches vary (padded sequences) says False. The
-    trainer times cuDNN's convolution algorithms only then (`trainer.benchmark: null`).
+    `predict_input` (kindling.predict's `input=`) is a split, "test" or "val", or a path of new
+    inputs, for which `setup("predict")` sets `data_predict` and `names_to_predict`: batches
+    `[*inputs, rows, readable]`, `rows` indexing `predict_names`, `readable` False where an
+    input cannot be read.
     """
 
     data_train: Dataset | None = None
     data_val: Dataset | None = None
     data_test: Dataset | None = None
     fixed_batch_shapes: bool = True
-    # What `predict_dataloader` serves (kindling.predict's `input=`): a split, "test" or "val"
-    # (its own batches, in order), or a path of new inputs (images, a table), for which
-    # `setup("predict")` sets `data_predict` and `names_to_predict`: batches `[*inputs, rows,
-    # readable]`, `rows` indexing `predict_names`, `readable` False for an unreadable input.
     predict_input: str = "test"
     data_predict: Dataset | None = None
     names_to_predict: list[str] | None = None
@@ -157,9 +154,8 @@ class SplitDataModule(L.LightningDataModule):
 
     @property
     def shuffle_seed(self) -> int:
-        """The seed of the training order: `shuffle_seed` where a data module has it, else the
-        run's seed (`seed_everything` sets PL_GLOBAL_SEED), else one drawn (the same on every
-        rank)."""
+        """`shuffle_seed`, else the run's seed (`seed_everything` sets PL_GLOBAL_SEED), else one
+        drawn (the same on every rank)."""
         seed = self.hparams.get("shuffle_seed")
         if seed is None and os.environ.get("PL_GLOBAL_SEED") is not None:
             seed = int(os.environ["PL_GLOBAL_SEED"])
@@ -184,10 +180,9 @@ class SplitDataModule(L.LightningDataModule):
         )
 
     def epoch_passes(self, dataset: Dataset) -> int:
-        """How many times an epoch serves the training split: enough for `min_epoch_size`
-        samples, where a data module has it. A set of 50 sequences in batches of 32 is 2
-        optimizer steps an epoch; early stopping's patience and the validation cadence, counted
-        in epochs, would then hang on a handful of steps."""
+        """Enough passes over the training split for `min_epoch_size` samples: 50 sequences in
+        batches of 32 are 2 steps an epoch, on which early stopping's patience and the validation
+        cadence, counted in epochs, would hang."""
         return max(1, math.ceil((self.hparams.get("min_epoch_size") or 0) / len(dataset)))
 
     def _loader(
@@ -207,13 +202,12 @@ class SplitDataModule(L.LightningDataModule):
             # seed 1's second epoch is not seed 2's first (the sampler adds the epoch).
             seed = self.shuffle_seed << 20
             sampler, shuffle = self.training_sampler(dataset, world_size, rank, seed), False
-            # Worker seeds come from the loader's own generator, not torch's global one: a
-            # resumed run's dropout draws do not depend on when its loaders were made.
+            # Worker seeds from the loader's own generator: a resumed run's dropout draws do not
+            # depend on when its loaders were made.
             generator = torch.Generator().manual_seed(sampler.seed)
         if sampler is None and world_size > 1:
-            # Evaluation sees every sample exactly once; the ranks' batch counts may differ by
-            # one, which is safe: no evaluation step waits for the other ranks. (Lightning's own
-            # DistributedSampler, which it keeps out when given this one, repeats samples.)
+            # Evaluation sees every sample once; the ranks' batch counts may differ by one, which
+            # is safe: no evaluation step waits for the others (Lightning's sampler repeats).
             sampler = UnrepeatedDistributedSampler(
                 dataset, num_replicas=world_size, rank=rank, shuffle=False
             )
@@ -228,8 +222,7 @@ class SplitDataModule(L.LightningDataModule):
         )
 
     def loader_options(self, dataset: Dataset, drop_last: bool) -> dict:
-        """What every loader of a data module shares (kindling.data.streaming's too): the batch
-        per device, workers, pinning on CUDA, and the data set's own collation."""
+        """What every loader shares (kindling.data.streaming's too)."""
         on_cuda = self.trainer is not None and isinstance(self.trainer.accelerator, CUDAAccelerator)
         workers = self.num_workers
         return {
@@ -252,15 +245,16 @@ class SplitDataModule(L.LightningDataModule):
         return self._loader(self.data_train, shuffle=True, drop_last=drop)
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader(self.data_val, shuffle=False)
+        return self._loader(self.data_val)
 
     def test_dataloader(self) -> DataLoader:
-        return self._loader(self.data_test, shuffle=False)
+        return self._loader(self.data_test)
 
     def predict_dataloader(self) -> DataLoader:
         split = self.predict_input in PREDICT_SPLITS
-        dataset = getattr(self, f"data_{self.predict_input}") if split else self.data_predict
-        return self._loader(dataset, shuffle=False)
+        return self._loader(
+            getattr(self, f"data_{self.predict_input}") if split else self.data_predict
+        )
 
     @property
     def predict_names(self) -> list[str]:

@@ -12,10 +12,9 @@ from typing import Any
 from kindling.config.errors import UserError
 
 METADATA_FILE = "kindling.json"
-# The layout of a prepared sample: `{"index", "image", "label"}` (uint8 `(C, H, W)` images) or,
-# in a copy whose `kind` is sequences, `{"index", "steps", "label"}` (float32 `(T, F)` as the
-# table holds them). 2: each split written in a seeded random order (1 kept the source's order,
-# which streams nearly sorted by class). A copy without `kind` holds images (the first copies).
+# A sample: `{"index", "image", "label"}` (uint8 `(C, H, W)`) or, where `kind` is sequences,
+# `{"index", "steps", "label"}` (float32 `(T, F)` as the table holds them); 2: each split in a
+# seeded random order.
 FORMAT = 2
 IMAGES, SEQUENCES = "images", "sequences"
 OLDER_FORMATS = {1: " (format 1 streams samples in the source's order, nearly sorted by class)"}
@@ -27,14 +26,11 @@ def is_remote(location: str) -> bool:
     return "://" in location
 
 
-def split_location(input_dir: str, split: str) -> str:
-    return f"{input_dir.rstrip('/')}/{split}"
-
-
 def read_metadata(input_dir: str, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
     """The description of the prepared copy at `input_dir`, checked complete and readable."""
+    location = f"{input_dir.rstrip('/')}/{METADATA_FILE}"
     if input_dir.startswith("s3://"):
-        text = _read_s3(split_location(input_dir, METADATA_FILE), storage_options or {})
+        text = _read_s3(location, storage_options or {})
     elif is_remote(input_dir):
         raise UserError(
             f"data.input_dir={input_dir}: kindling streams from a local folder or s3://; "
@@ -53,16 +49,10 @@ def read_metadata(input_dir: str, storage_options: dict[str, Any] | None = None)
         metadata = json.loads(text)
     except ValueError as error:
         raise UserError(
-            f"{split_location(input_dir, METADATA_FILE)} is damaged ({error}). Prepare the data "
-            "again into an empty folder."
+            f"{location} is damaged ({error}). Prepare the data again into an empty folder."
         ) from error
     check_metadata(metadata, input_dir)
     return metadata
-
-
-def holds(metadata: dict[str, Any]) -> str:
-    """What a prepared copy holds: `images` or `sequences`."""
-    return metadata.get("kind", IMAGES)
 
 
 def check_metadata(metadata: dict[str, Any], input_dir: str) -> None:

@@ -11,7 +11,7 @@ def check_folds(folds: int | None, fold: int | None) -> None:
         return
     if folds is None:
         raise UserError(f"data.fold={fold} needs the number of folds: add data.folds=K (e.g. 5).")
-    if isinstance(folds, bool) or not isinstance(folds, int) or folds < 2:
+    if folds < 2:
         raise UserError(
             f"data.folds={folds}: cross-validation needs a whole number of folds, >= 2."
         )
@@ -21,7 +21,7 @@ def check_folds(folds: int | None, fold: int | None) -> None:
             f"data.folds={folds} needs the validation fold: data.fold=0..{last} "
             f"(all of them: -m data.fold={','.join(map(str, range(folds)))})."
         )
-    if isinstance(fold, bool) or not isinstance(fold, int) or not 0 <= fold < folds:
+    if not 0 <= fold < folds:
         raise UserError(f"data.fold={fold} is out of range for data.folds={folds}: use 0..{last}.")
 
 

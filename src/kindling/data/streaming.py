@@ -16,14 +16,7 @@ from kindling.config.errors import UserError
 from kindling.data.augment import Transform, worker_transform
 from kindling.data.image_folder import to_model_input
 from kindling.data.loaders import PREDICT_SPLITS, SplitDataModule, per_device_batch_size
-from kindling.data.prepared import (
-    SEQUENCES,
-    check_chunks,
-    damaged,
-    holds,
-    read_metadata,
-    split_location,
-)
+from kindling.data.prepared import IMAGES, SEQUENCES, check_chunks, damaged, read_metadata
 from kindling.data.sequence_table import TABLE_READING
 from kindling.data.sequences import Sequences, standardised, table_to_predict
 from kindling.files import probe_writable
@@ -98,17 +91,13 @@ class StreamingDataModule(SplitDataModule):
 
     Every process of a multi-device run reads its own part of each epoch, all the same number
     of batches (evaluation on several processes leaves out the remainder of the split, fewer
-    samples than processes x batch size; on one process it sees every sample). The train
-    loader's position is saved in checkpoints: a run resumed mid-epoch reads exactly the
-    samples the interrupted one had left. Image batches cross to the device as uint8 and are
-    standardised there with the statistics stored with the copy (or the checkpoint); sequences
-    are standardised in the workers, as data=sequences serves them, and padded per batch:
-    `(steps (B, T, F), lengths (B,), labels (B,))`.
+    samples than processes x batch size). The train loader's position is saved in checkpoints:
+    a run resumed mid-epoch reads exactly the samples the interrupted one had left. Images
+    cross to the device as uint8 and are standardised there with the copy's (or the
+    checkpoint's) statistics; sequences are served as data=sequences serves them.
 
-    Its arguments are configs/data/streaming.yaml's keys. `num_classes`, `image_shape` (a copy
-    of images) and `num_features`, `max_length` (a copy of sequences) left null are read from
-    the copy (`describe`); given, they are checked against it. `augment`: torchvision v2
-    transforms of uint8 images, in the workers.
+    Its arguments are configs/data/streaming.yaml's keys; those left null that describe the
+    data are read from the copy (`describe`), those given are checked against it.
     """
 
     def __init__(
@@ -133,8 +122,8 @@ class StreamingDataModule(SplitDataModule):
         per_device_batch_size(batch_size, 1)
         self.transform = worker_transform(augment)
         self.classes: list[str] | None = None
-        self.features: list[str] | None = None  # a copy of sequences: the table's feature names
-        self.table_reading: dict[str, Any] | None = None  # and how the table was read
+        self.features: list[str] | None = None  # sequences: the table's features, and how it was
+        self.table_reading: dict[str, Any] | None = None  # read (what kindling.predict reads)
         self.mean: torch.Tensor | None = None  # images: (1, C, 1, 1), [0, 1] units; sequences: (F,)
         self.std: torch.Tensor | None = None
         self._metadata: dict[str, Any] | None = None
@@ -143,25 +132,21 @@ class StreamingDataModule(SplitDataModule):
 
     @property
     def metadata(self) -> dict[str, Any]:
-        """The copy's description (kindling.data.prepared), read once."""
+        """The copy's description (kindling.data.prepared)."""
         if self._metadata is None:
             self._metadata = read_metadata(self.hparams.input_dir, self.storage_options)
         return self._metadata
 
     @property
     def kind(self) -> str:
-        """What the copy holds: images or sequences."""
-        return holds(self.metadata)
+        return self.metadata.get("kind", IMAGES)  # the first copies held images only
 
     @property
     def storage_options(self) -> dict[str, Any]:
         return dict(self.hparams.storage_options or {})
 
     def describe(self) -> dict[str, Any]:
-        """The copy's values of the config's keys, read from its description (kindling.train
-        fills in those the config leaves null before the model is built): the class count, and
-        the image shape or the feature count and longest sequence (None where the copy's kind
-        has none)."""
+        """The copy's values of the config's keys (None where the copy's kind has none)."""
         keys = ("image_shape", "num_features", "max_length")
         return {"num_classes": len(self.metadata["classes"])} | {
             key: self.metadata.get(key) for key in keys
@@ -188,7 +173,7 @@ class StreamingDataModule(SplitDataModule):
                 "checkpoint's data."
             )
         self.classes, self.features = metadata["classes"], metadata.get("features")
-        if self.kind == SEQUENCES:  # kindling.predict reads a new table the same way
+        if self.kind == SEQUENCES:
             self.table_reading = {key: metadata["source"][key] for key in TABLE_READING}
         if self.mean is None:
             shape = (-1,) if self.kind == SEQUENCES else (1, -1, 1, 1)
@@ -199,7 +184,7 @@ class StreamingDataModule(SplitDataModule):
 
         def split(name: str, **kwargs: Any) -> PreparedSplit:
             return PreparedSplit(
-                split_location(hp.input_dir, name),
+                f"{hp.input_dir.rstrip('/')}/{name}",
                 cache_dir=self._cache_dir(name),
                 max_cache_size=hp.max_cache_size,
                 storage_options=self.storage_options,
@@ -265,9 +250,9 @@ class StreamingDataModule(SplitDataModule):
         if not isinstance(dataset, PreparedSplit):  # a new table to predict: a plain loader
             return super()._loader(dataset, shuffle, sampler, drop_last)
         # LitData shuffles and shares out each epoch itself (the data set's `shuffle`, `seed`).
-        # True: every process the same number of whole batches (none waits for the others at
-        # the end); False (one process evaluating): every sample once.
-        drop_last = drop_last or self._even_evaluation
+        # Several processes evaluate whole batches, as many each: under DDP a model with buffers
+        # (BatchNorm) synchronises them every step, and one extra batch would hang the run.
+        drop_last = drop_last or (self.trainer is not None and self.trainer.world_size > 1)
         # Each new iterator draws its workers' base seed from this generator, not from the
         # process's: a resumed run makes an iterator the uninterrupted one did not, and its
         # dropout masks would differ. (Samples are augmented with seeds of their own.)
@@ -291,17 +276,9 @@ class StreamingDataModule(SplitDataModule):
     def fixed_batch_shapes(self) -> bool:
         return self.hparams.image_shape is not None  # a copy of sequences is padded per batch
 
-    @property
-    def _even_evaluation(self) -> bool:
-        """Several processes evaluate equal numbers of batches: under DDP a model with buffers
-        (BatchNorm) synchronises them at every step, so one extra batch on one process would
-        hang the run. LitData leaves the remainder out (fewer than processes x batch size)."""
-        return self.trainer is not None and self.trainer.world_size > 1
-
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        if not isinstance(batch, list | tuple):  # the model summary's example input
-            return batch
-        if self.kind == SEQUENCES:  # standardised in the workers (StreamingSequences)
+        # The model summary's example input; sequences, standardised in the workers.
+        if not isinstance(batch, list | tuple) or self.kind == SEQUENCES:
             return batch
         images, labels = batch
         mean, std = self.mean.to(images.device), self.std.to(images.device)

@@ -83,9 +83,7 @@ class TokenWindows(Dataset):
     def __init__(self, tokens: torch.Tensor, length: int, stride: int | None = None):
         if len(tokens) < length + 1:
             raise ValueError(f"{len(tokens)} tokens cannot make a window of {length} + 1")
-        self.tokens = tokens
-        self.length = length
-        self.stride = stride or length
+        self.tokens, self.length, self.stride = tokens, length, stride or length
 
     def __len__(self) -> int:
         # The last window needs one token past its end for its last target.
@@ -100,18 +98,16 @@ class TokenWindows(Dataset):
 
 
 class RandomWindowSampler(Sampler[int]):
-    """`num_samples` indices of a dataset of `num_windows`, drawn anew each epoch.
+    """`num_samples` indices of a dataset of `num_windows`, drawn anew each epoch, with
+    replacement, as nanoGPT draws its batches: a corpus of any size costs `num_samples` numbers.
 
-    Drawn with replacement, as nanoGPT draws its batches, so a corpus of any size costs only
-    `num_samples` numbers. The seed comes from torch's global generator, as `RandomSampler`'s
-    does: `seed_everything` fixes it and a resumed run restores it. Not a `RandomSampler`, which
-    Lightning would swap for a `DistributedSampler` over all windows; this one it wraps, and
-    splits its draws over the processes.
+    Seeded from torch's global generator, as `RandomSampler` is: `seed_everything` fixes it and
+    a resumed run restores it. Not a `RandomSampler`, which Lightning would swap for a
+    `DistributedSampler` over all windows; this one it wraps, splitting its draws over processes.
     """
 
     def __init__(self, num_windows: int, num_samples: int):
-        self.num_windows = num_windows
-        self.num_samples = num_samples
+        self.num_windows, self.num_samples = num_windows, num_samples
 
     def __len__(self) -> int:
         return self.num_samples
@@ -196,17 +192,11 @@ def fetch(url: str, destination: Path) -> None:
 
 
 class CharTextDataModule(SplitDataModule):
-    """A character-level language-modelling corpus, split by position into train | val | test.
-
-    Every split serves windows of `context_length` characters, each with the window shifted by
-    one character as its target. Validation and test read back-to-back windows; training draws
-    windows that start anywhere (`random_offsets`), as many per epoch as fit back to back. The
-    vocabulary (the corpus's characters) is built from the whole corpus, so no split meets an
-    unknown character.
-
-    Its arguments are configs/data/text/char.yaml's keys: `path` (a file or folder), or
-    `download` (a corpus name or an http(s) address, fetched once into `data_dir`), or neither
-    (the default corpus); `test_fraction` 0 tests on the validation text.
+    """A character-level corpus, split by position into train | val | test, served as windows
+    of `context_length` characters with the window shifted by one as the target. Validation and
+    test read back-to-back windows; training draws windows that start anywhere
+    (`random_offsets`). The vocabulary is the whole corpus's characters: no split meets an
+    unknown one. Its arguments are configs/data/text/char.yaml's keys.
     """
 
     def __init__(
@@ -247,9 +237,6 @@ class CharTextDataModule(SplitDataModule):
                 "leaves nothing to train on; make them smaller."
             )
         self.vocabulary: Vocabulary | None = None
-        self.data_train: TokenWindows | None = None
-        self.data_val: TokenWindows | None = None
-        self.data_test: TokenWindows | None = None
 
     def prepare_data(self) -> None:
         # Lightning calls this on one process per node, before setup(): the place to download.
