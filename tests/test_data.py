@@ -372,10 +372,7 @@ def test_missing_files_with_download_failing(tmp_path: Path, config: str) -> Non
     assert "download failed" in str(error.value)
 
 
-@pytest.mark.parametrize(
-    "config",
-    ["mnist", "cifar10"],
-)
+@pytest.mark.parametrize("config", ["mnist", "cifar10"])
 def test_files_named_in_the_error_are_enough(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, config: str
 ) -> None:

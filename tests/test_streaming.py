@@ -291,9 +291,7 @@ def test_an_unreachable_s3_address_says_so(no_aws: pytest.MonkeyPatch) -> None:
     assert "credentials" not in str(error.value).lower()
 
 
-def test_batches_are_standardised_on_the_device_with_the_copys_statistics(
-    prepared: Path,
-) -> None:
+def test_batches_are_standardised_on_the_device_with_the_copys_statistics(prepared: Path) -> None:
     data = streaming(prepared)
     data.setup("fit")
     images, labels = next(iter(data.val_dataloader()))

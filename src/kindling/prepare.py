@@ -4,11 +4,9 @@
 
 Each split (`<folder>/train`, `val`, `test`) is written by LitData's `optimize()` in parallel
 workers: images as the data config serves them before augmentation (uint8), or sequences as the
-table holds them (float32 `(T, F)`, standardised when streamed), in a seeded random order:
-LitData's shuffling only reorders chunks and the samples within a worker's chunks, so a copy in
-the source's order (an image folder's, class by class) would stream batches of mostly one
-class. `<folder>/kindling.json` describes the copy (kindling.data.prepared). Running it again on
-a finished copy of the same data config does nothing; an interrupted one is started over.
+table holds them, in a seeded random order (LitData's shuffling only reorders chunks and the
+samples within a worker's chunks: a copy in an image folder's order would stream batches of
+mostly one class). `<folder>/kindling.json` describes the copy (kindling.data.prepared).
 """
 
 import functools
@@ -51,8 +49,7 @@ def prepared_sample(dataset: Dataset, mean: torch.Tensor, std: torch.Tensor, ind
 
 
 def prepared_sequence(dataset: Sequences, index: int) -> dict:
-    """Sequence `index` of `dataset` as stored: its steps as the table holds them (NaN where a
-    value is missing; standardised when served, as `Sequences` serves them), label and index."""
+    """Sequence `index` as the table holds it (NaN where a value is missing), label and index."""
     steps = dataset.sequences[index]
     return {"index": index, "steps": steps.contiguous(), "label": int(dataset.labels[index])}
 
@@ -61,7 +58,7 @@ def prepare(cfg: DictConfig) -> Path:
     """Write the prepared copy that `cfg` describes; return its folder."""
     if OmegaConf.is_missing(cfg, "output"):
         raise UserError("Give the folder to write the copy into: output=<folder>.")
-    output = Path(cfg.output)
+    output, metadata_file = Path(cfg.output), Path(cfg.output) / METADATA_FILE
     if is_remote(cfg.output):
         raise UserError(
             f"output={cfg.output}: prepare writes to a local folder; copy it to object storage "
@@ -74,7 +71,6 @@ def prepare(cfg: DictConfig) -> Path:
         if "decode_device" in data_cfg:
             data_cfg.decode_device = "cpu"
     source = OmegaConf.to_container(data_cfg, resolve=True)
-    metadata_file = output / METADATA_FILE
     if _finished(output, source):
         return output
 
@@ -145,7 +141,7 @@ def _finished(output: Path, source: dict[str, Any]) -> bool:
         return False
     try:
         metadata = json.loads(metadata_file.read_text())
-    except ValueError:
+    except ValueError:  # cut short: an interrupted prepare
         metadata = {}
     if not metadata.get("complete") or metadata.get("format") != FORMAT:
         log.info("%s is an unfinished or older prepared copy: preparing it again.", output)

@@ -108,10 +108,8 @@ class ResumableDistributedSampler(EpochPosition, DistributedSampler):
 
     def shuffled(self, generator: torch.Generator) -> list[int]:
         """`passes` permutations of the set, one after another."""
-        size = len(self.dataset)
-        return torch.cat(
-            [torch.randperm(size, generator=generator) for _ in range(self.passes)]
-        ).tolist()
+        perms = [torch.randperm(len(self.dataset), generator=generator) for _ in range(self.passes)]
+        return torch.cat(perms).tolist()
 
 
 def leave_stop_signals_to_the_main_process(worker_id: int, rank: int) -> None:

@@ -26,21 +26,18 @@ class TorchvisionDataModule(InMemoryImageDataModule):
         """The folder torchvision reads and the files it needs there."""
         raise NotImplementedError
 
-    def _missing_files_error(self, reason: str) -> UserError:
-        folder, files = self.expected_files()
-        return UserError(
-            f"{self.dataset_class.__name__} files are missing from {folder} ({reason}).\n"
-            f"Put these files there: {', '.join(files)}\n"
-            f"or run once with network access and data.download=true, "
-            f"or point data.data_dir at a folder that has them."
-        )
-
     def _dataset(self, train: bool, download: bool = False) -> datasets.VisionDataset:
         try:
             return self.dataset_class(self.hparams.data_dir, train=train, download=download)
         except (RuntimeError, OSError) as error:  # torchvision's "not found", URLError, ...
-            reason = "download failed" if download else "download is off"
-            raise self._missing_files_error(f"{reason}: {error}") from error
+            folder, files = self.expected_files()
+            raise UserError(
+                f"{self.dataset_class.__name__} files are missing from {folder} "
+                f"({'download failed' if download else 'download is off'}: {error}).\n"
+                f"Put these files there: {', '.join(files)}\n"
+                "or run once with network access and data.download=true, "
+                "or point data.data_dir at a folder that has them."
+            ) from error
 
     def prepare_data(self) -> None:
         # Lightning calls this on one process per node, before setup(): the place to download.
