@@ -55,12 +55,9 @@ def export(args: ExportArgs) -> list[Path]:
         raise UserError(f"format={args.format} is not one of both, onnx, torch_export.")
     if args.samples < 2:
         raise UserError(f"samples={args.samples}: the check needs at least 2 inputs.")
-    module, checkpoint = load_module(args.ckpt_path)
-    if not isinstance(module, Classifier):
-        raise UserError(
-            f"{args.ckpt_path} holds a {type(module).__name__}: kindling.export exports "
-            "classifiers (a language model generates with python -m kindling.sample)."
-        )
+    module, checkpoint = load_module(
+        args.ckpt_path, Classifier, "a language model generates with python -m kindling.sample."
+    )
     facts = consumer_facts(checkpoint, args.ckpt_path)
     stem = Path(args.output) if args.output else Path(args.ckpt_path).with_suffix("")
     stem.parent.mkdir(parents=True, exist_ok=True)

@@ -42,12 +42,8 @@ def sample(args: SampleArgs) -> str:
     """The text `args` asks for: the prompt, then the sampled characters."""
     if args.length < 0 or args.temperature < 0 or (args.top_k is not None and args.top_k < 1):
         raise UserError("length and temperature must be >= 0, and top_k >= 1 (or null).")
-    module, _ = load_module(args.ckpt_path)
-    if not isinstance(module, LanguageModel):
-        raise UserError(
-            f"{args.ckpt_path} holds a {type(module).__name__}, not a LanguageModel: sample "
-            "from a checkpoint of `python train.py experiment=charlm`."
-        )
+    use_instead = "sample from a checkpoint of `python train.py experiment=charlm`."
+    module, _ = load_module(args.ckpt_path, LanguageModel, use_instead)
     device = args.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
