@@ -1,16 +1,21 @@
-"""One pattern for kindling's module commands (`python -m kindling.predict`, export, sample,
-prepare, report): `key=value` arguments read into a dataclass, and one way to fail, a UserError
-printed as its one line with exit status 1."""
+"""What kindling's `python -m kindling.*` tools share: `key=value` arguments read into a
+dataclass, one way to fail (a UserError printed as its one line, exit status 1), and the CSV they
+write."""
 
+import csv
 import dataclasses
 import functools
+import io
 import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any, TypeVar, get_args
 
 from kindling.config.errors import UserError, find_user_error, message
+from kindling.files import write_atomically
+from kindling.garbage_collection import skip_collections_at_exit
 
 Args = TypeVar("Args")
 R = TypeVar("R")
@@ -29,13 +34,12 @@ def parse(
         print(sys.modules[args_class.__module__].__doc__)
         for field in fields:
             default = "<required>" if field.default is dataclasses.MISSING else repr(field.default)
-            help = f"  # {field.metadata['help']}" if "help" in field.metadata else ""
-            print(f"    {field.name}={default}{help}")
+            print(f"    {field.name}={default}")
         sys.exit(0)
     types = {field.name: field.type for field in fields if field.name != positional}
     values: dict[str, Any] = {}
     for arg in argv:
-        name, sep, _ = arg.partition("=")
+        name, sep, text = arg.partition("=")
         if positional and (not sep or name not in types):
             values.setdefault(positional, []).append(arg)
         elif not sep or name not in types:
@@ -44,7 +48,7 @@ def parse(
                 f"Usage: {usage}"
             )
         else:
-            values[name] = _read(arg, types[name], usage)
+            values[name] = _read(arg, text, types[name], usage)
     for field in fields:
         required = field.default is field.default_factory is dataclasses.MISSING
         if required and field.name not in values:
@@ -52,8 +56,7 @@ def parse(
     return args_class(**values)
 
 
-def _read(arg: str, kind: Any, usage: str) -> Any:
-    name, _, text = arg.partition("=")
+def _read(arg: str, text: str, kind: Any, usage: str) -> Any:
     kinds = get_args(kind) or (kind,)  # `int | None`: int, or None
     if text == "null" and type(None) in kinds:
         return None
@@ -63,24 +66,25 @@ def _read(arg: str, kind: Any, usage: str) -> Any:
         return kinds[0](text)
     except (KeyError, ValueError):
         what = "true or false" if kinds[0] is bool else "a number"
-        raise UserError(f"{arg!r}: {name} must be {what}. Usage: {usage}") from None
+        raise UserError(
+            f"{arg!r}: {arg.partition('=')[0]} must be {what}. Usage: {usage}"
+        ) from None
 
 
-def main(command: Callable[..., R]) -> Callable[..., R]:
-    """`command`, a tool's main, ended by a UserError (also one behind another error: Hydra's
+def main(run: Callable[..., R]) -> Callable[..., R]:
+    """`run`, a tool's main, ended by a UserError (also one behind another error: Hydra's
     instantiate wraps them) with its message alone and exit status 1, printed by the first
-    process only where every process meets it. HYDRA_FULL_ERROR=1 raises it, as train.py does,
-    and Python prints the traceback."""
+    process only where every process meets it. HYDRA_FULL_ERROR=1 raises it, as train.py does."""
 
-    @functools.wraps(command)
-    def run(*args: Any, **kwargs: Any) -> R:
+    @functools.wraps(run)
+    def main(*args: Any, **kwargs: Any) -> R:
         try:
-            return command(*args, **kwargs)
+            return run(*args, **kwargs)
         except Exception as error:
             user_error = find_user_error(error)
             if user_error is None or os.environ.get("HYDRA_FULL_ERROR") == "1":
                 raise
-            # Imported here: report runs without Lightning otherwise.
+            # Imported here: report and schemas run without Lightning otherwise.
             from lightning.pytorch.utilities import rank_zero_only
 
             if rank_zero_only.rank == 0 or not user_error.raised_on_every_rank:
@@ -88,4 +92,36 @@ def main(command: Callable[..., R]) -> Callable[..., R]:
                 logging.getLogger("kindling").error("%s", message(user_error))
             sys.exit(1)
 
-    return run
+    return main
+
+
+def command(
+    args_class: type[Args], usage: str, positional: str | None = None
+) -> Callable[[Callable[[Args], object]], Callable[..., None]]:
+    """A tool's `main(argv)` made of `run(args)`: `argv` (`sys.argv[1:]` where not given, as
+    `python -m` runs it) parsed into `args_class`, kindling's messages at INFO and the
+    libraries' at WARNING, and `main`'s end for a UserError."""
+
+    def decorate(run: Callable[[Args], object]) -> Callable[..., None]:
+        @main
+        def tool(argv: Sequence[str] | None = None) -> None:
+            if argv is None:
+                skip_collections_at_exit()
+                argv = sys.argv[1:]
+            logging.basicConfig(level=logging.WARNING, format="%(message)s")
+            logging.getLogger("kindling").setLevel(logging.INFO)
+            run(parse(args_class, argv, usage, positional))
+
+        return tool
+
+    return decorate
+
+
+def write_csv(path: Path, header: Sequence[str], rows: Iterable[Iterable[Any]]) -> None:
+    """A CSV (None as an empty cell), written beside `path` and renamed into place: a failure
+    leaves the file as it was."""
+    text = io.StringIO()
+    writer = csv.writer(text, lineterminator="\n")
+    writer.writerow(header)
+    writer.writerows(["" if value is None else value for value in row] for row in rows)
+    write_atomically(path, lambda file: file.write(text.getvalue().encode()))

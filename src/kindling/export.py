@@ -1,25 +1,18 @@
-"""Export a checkpoint to ONNX and to a `torch.export` program, checked against the checkpoint.
+"""Export a checkpoint to ONNX and to a `torch.export` program, checked against the checkpoint
+(docs/resume.md, *Export*).
 
     python -m kindling.export ckpt_path=<file> [output=<path without suffix>]
         [format=both | onnx | torch_export] [tolerance=1e-4] [samples=8]
 
-Writes `<output>.onnx` (the dynamo exporter; run it with onnxruntime), `<output>.pt2`
-(`torch.export.load(path).module()` runs it) and `<output>.json`, also stored in both files (ONNX
-metadata_props; the archive's `extra_files["kindling.json"]`): what a consumer needs, the class
-names, the inputs, their normalisation and dynamic dimensions. The exported model returns logits
-`(B, num_classes)` of float32 images `(B, C, H, W)` standardised per channel as
-`(pixel / 255 - mean) / std`, or (a `data=sequences` checkpoint) of float32 steps `(B, T, F)`
-standardised per feature, zero-padded after each end, and int64 `lengths` `(B,)`.
-
-Each file is then run on `samples` random inputs and on a batch of another size (sequences: of
-random lengths, padded to another length); beyond `tolerance` from the checkpoint's logits it is
-deleted and the command fails in one line. `output` defaults to the checkpoint's path less .ckpt.
+Writes `<output>.onnx`, `<output>.pt2` and `<output>.json`: what a consumer needs (the class
+names, the inputs and their normalisation), also inside both files. Each file is then run on
+random inputs; beyond `tolerance` from the checkpoint's logits it is deleted and the command
+fails in one line. `output` defaults to the checkpoint's path less .ckpt.
 """
 
 import copy
 import json
 import logging
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,14 +25,13 @@ import torch
 from kindling import cli
 from kindling.config.errors import UserError
 from kindling.data.image_folder import to_model_input
-from kindling.garbage_collection import skip_collections_at_exit
 from kindling.known_warnings import ignore_unhelpful_warnings
 from kindling.loading import data_state, load_module
 from kindling.modules.classifier import Classifier
 
 log = logging.getLogger("kindling")
 
-FORMATS = {"onnx": ".onnx", "torch_export": ".pt2"}
+FORMATS = {"onnx": (".onnx", "ONNX"), "torch_export": (".pt2", "torch.export")}  # suffix, name
 
 
 @dataclass
@@ -52,38 +44,60 @@ class ExportArgs:
     seed: int = 0  # of those inputs
 
 
-USAGE = "python -m kindling.export ckpt_path=<file> [output=<path>] [format=both|onnx|torch_export]"
+Inputs = tuple[torch.Tensor, ...]  # what the module takes: (images,) or (steps, lengths)
+Runner = Callable[[Inputs], torch.Tensor]
 
 
 def export(args: ExportArgs) -> list[Path]:
     """Write and check each format `args` asks for; return the files written."""
     formats = list(FORMATS) if args.format == "both" else [args.format]
-    if args.format != "both" and args.format not in FORMATS:
+    if not set(formats) <= set(FORMATS):
         raise UserError(f"format={args.format} is not one of both, onnx, torch_export.")
     if args.samples < 2:
         raise UserError(f"samples={args.samples}: the check needs at least 2 inputs.")
-    module, checkpoint = load_module(args.ckpt_path)
-    if not isinstance(module, Classifier):
-        raise UserError(
-            f"{args.ckpt_path} holds a {type(module).__name__}: kindling.export exports "
-            "classifiers (a language model generates with python -m kindling.sample)."
-        )
+    module, checkpoint = load_module(
+        args.ckpt_path, Classifier, "a language model generates with python -m kindling.sample."
+    )
     facts = consumer_facts(checkpoint, args.ckpt_path)
     stem = Path(args.output) if args.output else Path(args.ckpt_path).with_suffix("")
     stem.parent.mkdir(parents=True, exist_ok=True)
     inputs = sample_inputs(facts, args.samples, args.seed)
     with torch.no_grad():
         expected = [module(*example) for example in inputs]
-    family = checkpoint["config"]["model"]["net"]["_target_"].rsplit(".", 1)[-1]
-    traced = traceable(module, facts)
+    family = type(module.net).__name__
+    traced = module
+    if facts["input"] == "sequences" and hasattr(module.net, "exportable"):
+        # A recurrent net's packed sequences trace in neither exporter: its twin computes the
+        # same logits over the padded length, which the check below compares.
+        traced = copy.deepcopy(module)
+        traced.net = traced.net.exportable()
     written = []
     for name in formats:
-        path = stem.with_suffix(FORMATS[name])
-        run = EXPORTERS[name](traced, inputs[0], path, facts, family)
-        difference = max(
-            float((run_checked(run, example, name, path) - logits).abs().max())
-            for example, logits in zip(inputs, expected, strict=True)
-        )
+        path = stem.with_suffix(FORMATS[name][0])
+        try:
+            run = EXPORTERS[name](traced.eval(), inputs[0], path, facts)
+        except ImportError as error:  # what ONNX export needs and training does not
+            raise UserError(
+                f"ONNX export needs {error.name}: pip install -e '.[export]' (or "
+                "format=torch_export)."
+            ) from error
+        except Exception as error:
+            raise UserError(
+                f"{FORMATS[name][1]} cannot export this {family}: {first_line(error)}. Export "
+                "with the other format (format=onnx or format=torch_export) or use the checkpoint."
+            ) from error
+        differences = []
+        for example, logits in zip(inputs, expected, strict=True):
+            try:
+                with torch.no_grad():
+                    differences.append((run(example) - logits).abs().max())
+            except Exception as error:
+                path.unlink()
+                raise UserError(
+                    f"The {name} export fails on a batch of {describe(example)}: "
+                    f"{first_line(error)}. {path} deleted."
+                ) from error
+        difference = float(torch.stack(differences).max())  # NaN where any is
         log.info("%s: largest logit difference from the checkpoint %.2e (tolerance %.0e), "
                  "batches of %s.", path, difference, args.tolerance,
                  " and ".join(describe(example) for example in inputs))  # fmt: skip
@@ -102,7 +116,7 @@ def export(args: ExportArgs) -> list[Path]:
 def consumer_facts(checkpoint: dict[str, Any], ckpt_path: str) -> dict[str, Any]:
     """What running the exported model needs: inputs and their normalisation, class names."""
     data_cfg, state = data_state(checkpoint, ckpt_path)
-    num_classes = checkpoint["config"]["model"]["num_classes"]
+    model_cfg = checkpoint["config"]["model"]
     if state.get("features") is not None:  # data=sequences
         inputs = {
             "input": "sequences",
@@ -113,7 +127,7 @@ def consumer_facts(checkpoint: dict[str, Any], ckpt_path: str) -> dict[str, Any]
             "lengths_dtype": "int64",
             "padding": "zeros after each sequence's last step; lengths: its real steps",
             # The longest the model takes (the Transformer's learned positions); null: any.
-            "max_length": checkpoint["config"]["model"]["net"].get("max_length"),
+            "max_length": model_cfg["net"].get("max_length"),
             "longest_trained": data_cfg.get("max_length"),
             "features": list(state["features"]),
             "normalisation": "(value - mean) / std, per feature; a missing value becomes 0",
@@ -130,14 +144,11 @@ def consumer_facts(checkpoint: dict[str, Any], ckpt_path: str) -> dict[str, Any]
         "mean": torch.as_tensor(state["mean"]).flatten().tolist(),
         "std": torch.as_tensor(state["std"]).flatten().tolist(),
         "output": "logits",
-        "output_shape": ["batch", num_classes],
-        "classes": state.get("classes") or [str(i) for i in range(num_classes)],
-        "net": checkpoint["config"]["model"]["net"]["_target_"],
+        "output_shape": ["batch", model_cfg["num_classes"]],
+        "classes": state.get("classes") or [str(i) for i in range(model_cfg["num_classes"])],
+        "net": model_cfg["net"]["_target_"],
         "checkpoint": str(ckpt_path),
     }
-
-
-Inputs = tuple[torch.Tensor, ...]  # what the module takes: (images,) or (steps, lengths)
 
 
 def sample_inputs(facts: dict[str, Any], count: int, seed: int) -> list[Inputs]:
@@ -169,17 +180,8 @@ def describe(example: Inputs) -> str:
     return str(len(example[0])) if len(example) == 1 else f"{len(example[0])}x{example[0].shape[1]}"
 
 
-def traceable(module: Classifier, facts: dict[str, Any]) -> Classifier:
-    """The module the exporters trace: the same, or for sequences a copy whose net is swapped
-    for its `exportable()` twin where it has one (a recurrent net's packed sequences trace in
-    neither exporter; the twin computes the same logits). The parity check compares it with
-    the checkpoint's own module."""
-    make_twin = getattr(module.net, "exportable", None)
-    if facts["input"] != "sequences" or make_twin is None:
-        return module
-    twin = copy.deepcopy(module)
-    twin.net = twin.net.exportable()
-    return twin.eval()
+def first_line(error: Exception) -> str:
+    return (str(error).strip() or type(error).__name__).splitlines()[0][:300]
 
 
 def input_signature(facts: dict[str, Any]) -> tuple[list[str], tuple[dict[int, Any], ...]]:
@@ -192,97 +194,46 @@ def input_signature(facts: dict[str, Any]) -> tuple[list[str], tuple[dict[int, A
     return ["steps", "lengths"], ({0: batch, 1: length}, {0: batch})
 
 
-Runner = Callable[[Inputs], torch.Tensor]
-
-
-def export_onnx(
-    module: L.LightningModule, example: Inputs, path: Path, facts: dict, family: str
-) -> Runner:
+def export_onnx(module: L.LightningModule, example: Inputs, path: Path, facts: dict) -> Runner:
     """The dynamo ONNX exporter (Lightning's `to_onnx(dynamo=True)`), the facts in the model's
     metadata; returns a function that runs the file with onnxruntime."""
-    try:
-        import onnxruntime
-        import onnxscript  # noqa: F401 - what the dynamo exporter writes ONNX with
-    except ImportError as error:
-        raise UserError(
-            f"ONNX export needs {error.name}: pip install -e '.[export]' (or format=torch_export)."
-        ) from error
+    import onnxruntime
+    import onnxscript  # noqa: F401 - what the dynamo exporter writes ONNX with
+
     names, dynamic_shapes = input_signature(facts)
-    try:
-        program = module.to_onnx(
-            None, example, dynamo=True, input_names=names, output_names=["logits"],
-            dynamic_shapes=dynamic_shapes, verbose=False,
-        )  # fmt: skip
-    except Exception as error:
-        raise cannot_export("ONNX", family, error) from error
+    program = module.to_onnx(
+        None, example, dynamo=True, input_names=names, output_names=["logits"],
+        dynamic_shapes=dynamic_shapes, verbose=False,
+    )  # fmt: skip
     program.model.metadata_props.update({key: json.dumps(value) for key, value in facts.items()})
     program.save(str(path))  # weights inside the file up to ONNX's 2 GB, beside it above
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
 
     def run(inputs: Inputs) -> torch.Tensor:
         feed = {name: tensor.numpy() for name, tensor in zip(names, inputs, strict=True)}
-        (logits,) = session.run(["logits"], feed)
-        return torch.from_numpy(np.asarray(logits))
+        return torch.from_numpy(np.asarray(session.run(["logits"], feed)[0]))
 
     return run
 
 
-def export_program(
-    module: L.LightningModule, example: Inputs, path: Path, facts: dict, family: str
-) -> Runner:
+def export_program(module: L.LightningModule, example: Inputs, path: Path, facts: dict) -> Runner:
     """`torch.export` of the module, saved with the facts; returns a function that loads the
     file back and runs it."""
-    _, dynamic_shapes = input_signature(facts)
-    try:
-        program = torch.export.export(module, example, dynamic_shapes=dynamic_shapes)
-    except Exception as error:
-        raise cannot_export("torch.export", family, error) from error
+    program = torch.export.export(module, example, dynamic_shapes=input_signature(facts)[1])
     torch.export.save(program, path, extra_files={"kindling.json": json.dumps(facts)})
     loaded = torch.export.load(path).module()
-
-    def run(inputs: Inputs) -> torch.Tensor:
-        with torch.no_grad():
-            return loaded(*inputs)
-
-    return run
-
-
-def run_checked(run: "Runner", inputs: Inputs, name: str, path: Path) -> torch.Tensor:
-    """The exported file's logits; a file that does not run is deleted and refused."""
-    try:
-        return run(inputs)
-    except Exception as error:
-        path.unlink()
-        raise UserError(
-            f"The {name} export fails on a batch of {describe(inputs)}: {first_line(error)}. "
-            f"{path} deleted."
-        ) from error
-
-
-def cannot_export(exporter: str, family: str, error: Exception) -> UserError:
-    return UserError(
-        f"{exporter} cannot export this {family}: {first_line(error)}. Export with the other "
-        "format (format=onnx or format=torch_export) or use the checkpoint."
-    )
-
-
-def first_line(error: Exception) -> str:
-    return (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
+    return lambda inputs: loaded(*inputs)
 
 
 EXPORTERS = {"onnx": export_onnx, "torch_export": export_program}
 
 
-@cli.main
-def main(argv: list[str]) -> None:
-    # The exporters' own INFO lines (graph passes) are not the user's business.
-    logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    log.setLevel(logging.INFO)
+@cli.command(ExportArgs, "python -m kindling.export ckpt_path=<file> [output=<path>] "
+             "[format=both|onnx|torch_export]")  # fmt: skip
+def main(args: ExportArgs) -> None:
     ignore_unhelpful_warnings()
-    written = export(cli.parse(ExportArgs, argv, USAGE))
-    log.info("Exported: %s", ", ".join(str(path) for path in written))
+    log.info("Exported: %s", ", ".join(str(path) for path in export(args)))
 
 
 if __name__ == "__main__":
-    skip_collections_at_exit()
-    main(sys.argv[1:])
+    main()

@@ -12,18 +12,21 @@ from kindling.checkpoints import read_checkpoint, without_compile_prefix
 from kindling.config.errors import UserError
 
 
-def load_module(path: str | Path) -> tuple[L.LightningModule, dict[str, Any]]:
-    """Rebuild the LightningModule saved in a kindling checkpoint, in eval mode, on the CPU.
-
-    Returns the module and the checkpoint (its `"config"` is the run's resolved config).
-    """
+def load_module(
+    path: str | Path, kind: type = L.LightningModule, use_instead: str = ""
+) -> tuple[L.LightningModule, dict[str, Any]]:
+    """The LightningModule of a kindling checkpoint, in eval mode, on the CPU, and the checkpoint
+    (its `"config"` is the run's resolved config). A module not of `kind` is refused in one line
+    that ends with `use_instead`."""
     checkpoint = read_checkpoint(path)
     if "config" not in checkpoint:
         raise UserError(f"{path} has no stored config: it was not written by kindling's train.py.")
-    config = checkpoint["config"]
-    # Model and data: what prediction, sampling and export build from a checkpoint.
+    config = checkpoint["config"]  # its model and data: what predict, sample and export build
     check_stored_config({"model": config.get("model"), "data": config.get("data")}, path)
     module = instantiate(without_pretrained_weights(config["model"]), _convert_="all")
+    if not isinstance(module, kind):
+        name = type(module).__name__
+        raise UserError(f"{path} holds a {name}, not a {kind.__name__}: {use_instead}")
     module.load_state_dict(without_compile_prefix(checkpoint["state_dict"]))
     return module.eval(), checkpoint
 
@@ -81,9 +84,8 @@ def check_stored_config(node: Any, path: str | Path, key: str = "config") -> Non
 
 
 def _buildable_from_checkpoint(target: Any) -> bool:
-    if not isinstance(target, str) or not re.fullmatch(r"[A-Za-z_][\w.]*", target):
-        return False
-    if not target.startswith(STORED_TARGET_PACKAGES):
+    name = isinstance(target, str) and re.fullmatch(r"[A-Za-z_][\w.]*", target)
+    if not name or not target.startswith(STORED_TARGET_PACKAGES):
         return False
     try:
         found = get_object(target)  # imports only within the packages above

@@ -1,5 +1,5 @@
 """The Hydra callback of every multirun: it takes the sweep folder when the multirun starts, and
-reports the multirun when it ends (or is cut off). Above `run/`, beside `report`, which it calls."""
+reports the multirun (kindling.report) when it ends or is cut off."""
 
 import atexit
 import logging
@@ -15,9 +15,6 @@ log = logging.getLogger(__name__)
 
 
 class MultirunReport(Callback):
-    """kindling.report's tables and plot in the sweep folder, from what each job left in its
-    folder (`job.yaml` and `results.yaml`, kindling.run.job_record), wherever it ran."""
-
     def __init__(self) -> None:
         self.sweep_dir: Path | None = None
 

@@ -1,17 +1,11 @@
-"""JSON schemas of the configs for an editor's YAML language server: `python -m kindling.schemas`,
-run in the repository's root, writes `.schemas/<group>/<name>.json` for each `configs/<group>/`
-file whose node holds a `_target_`, and maps the files to them in `.vscode/settings.json`.
-
-A schema describes the node its file composes to with its defaults list (a `# @package _global_`
-file: the run config it changes; a file of Hydra's own node: what it writes). A `_target_` node
-takes its target's arguments (its parents' too where `__init__` passes `**kwargs` on), typed by
-their hints, with defaults and docstring entries; required are those that neither the file nor its
-defaults give (none in `_partial_` nodes and atop `_base/` files, which others complete). `${...}`
-and `???` stand for any value; a key the target does not take is an error, unless it takes
-`**kwargs`.
+"""JSON schemas of the configs for an editor's YAML language server (docs/editors.md): run in the
+repository's root, `python -m kindling.schemas` writes `.schemas/<group>/<name>.json` for each
+`configs/<group>/` file whose node holds a `_target_`, and maps the files to them in
+`.vscode/settings.json`.
 """
 
 import contextlib
+import dataclasses
 import enum
 import inspect
 import json
@@ -227,8 +221,13 @@ def write(root: Path) -> None:
     settings_file.write_text(json.dumps(settings, indent=2) + "\n")
 
 
-@cli.main
-def main() -> None:
+@dataclasses.dataclass
+class SchemasArgs:  # none: it reads ./configs and writes beside it
+    pass
+
+
+@cli.command(SchemasArgs, "python -m kindling.schemas (in the repository's root)")
+def main(args: SchemasArgs) -> None:
     write(Path.cwd())
 
 

@@ -8,8 +8,6 @@ from typing import Any
 
 from hydra.errors import CompactHydraException
 from hydra.plugins.sweeper import Sweeper
-from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig
 
 
 class OptunaSweeper(Sweeper):
@@ -18,12 +16,8 @@ class OptunaSweeper(Sweeper):
 
         self.optuna_sweep = OptunaSweep(**config)
 
-    def setup(
-        self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
-    ) -> None:
-        self.optuna_sweep.setup(
-            hydra_context=hydra_context, task_function=task_function, config=config
-        )
+    def setup(self, **context: Any) -> None:  # hydra_context, task_function, config
+        self.optuna_sweep.setup(**context)
 
     def sweep(self, arguments: list[str]) -> Any:
         from kindling.config.errors import UserError
@@ -31,6 +25,4 @@ class OptunaSweeper(Sweeper):
         try:
             return self.optuna_sweep.sweep(arguments)
         except UserError as error:  # a search space it cannot sample: Hydra prints one line
-            if isinstance(error, CompactHydraException):
-                raise
             raise CompactHydraException(str(error)) from error

@@ -9,6 +9,7 @@ kindling.callbacks.optuna_pruning.OptunaPruning finds its trial.
 import logging
 import shlex
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import optuna
@@ -28,35 +29,26 @@ from kindling.sweeps.search_space import parse_search_space
 log = logging.getLogger(__name__)
 
 
+@dataclass
 class OptunaSweep:
     """What `hydra.sweeper` (configs/hydra/sweeper/optuna.yaml) configures; see there."""
 
-    def __init__(
-        self,
-        sampler: BaseSampler,
-        direction: str,
-        study_name: str,
-        study_dir: str,
-        storage: str | BaseStorage,
-        n_trials: int,
-        n_jobs: int = 1,
-        retry_interrupted: bool = False,
-        params: DictConfig | None = None,
-    ) -> None:
-        if storage is None:
+    sampler: BaseSampler
+    direction: str
+    study_name: str
+    study_dir: str
+    storage: str | BaseStorage
+    n_trials: int
+    n_jobs: int = 1
+    retry_interrupted: bool = False
+    params: DictConfig | None = None
+
+    def __post_init__(self) -> None:
+        if self.storage is None:
             raise UserError(
                 "hydra.sweeper.storage=null: a sweep needs a storage that its trials can open "
                 "(a journal file path or an Optuna storage URL)."
             )
-        self.sampler = sampler
-        self.direction = direction
-        self.study_name = study_name
-        self.study_dir = Path(study_dir)
-        self.storage = storage
-        self.n_trials = n_trials
-        self.n_jobs = n_jobs
-        self.retry_interrupted = retry_interrupted
-        self.params = dict(params or {})
 
     def setup(
         self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
@@ -67,16 +59,13 @@ class OptunaSweep:
         )
 
     def sweep(self, arguments: list[str]) -> optuna.Study:
-        space = [f"{name}={value}" for name, value in self.params.items()]
+        space = [f"{name}={value}" for name, value in (self.params or {}).items()]
         distributions, fixed = parse_search_space(space + list(arguments))
         storage = studies.open_storage(self.storage)
         study = optuna.create_study(
-            study_name=self.study_name,
-            storage=storage,
-            sampler=self.sampler,
-            direction=self.direction,
-            load_if_exists=True,
-        )
+            study_name=self.study_name, storage=storage, sampler=self.sampler,
+            direction=self.direction, load_if_exists=True,
+        )  # fmt: skip
         for number in studies.fail_interrupted_trials(storage, study, self.retry_interrupted):
             log.warning("Trial %d was cut off when its sweep died: marked failed", number)
         if study.get_trials(deepcopy=False):
@@ -104,18 +93,16 @@ class OptunaSweep:
                 # Job number = trial number: the run folder and ${hydra:job.num} name the trial.
                 returns = self.launcher.launch(overrides, initial_job_idx=batch[0].number)
                 for trial, job in zip(batch, returns, strict=True):
-                    self._record(storage, study, trial, job)
+                    self._record(study, trial, job)
 
         self._report_best(study, fixed)
         return study
 
-    def _record(
-        self, storage: BaseStorage, study: optuna.Study, trial: optuna.Trial, job: JobReturn
-    ) -> None:
+    def _record(self, study: optuna.Study, trial: optuna.Trial, job: JobReturn) -> None:
         """Tell the study how the trial's job ended, and write it into the run folder."""
         run_dir = job.hydra_cfg.hydra.runtime.output_dir if job.hydra_cfg else None
         if run_dir is not None:
-            studies.set_user_attr(storage, study, trial.number, studies.RUN_DIR, run_dir)
+            trial.set_user_attr(studies.RUN_DIR, run_dir)
         metric = self.config.get("optimized_metric")
         # The run's own attributes: OptunaPruning, in this or another process, marks pruning.
         pruned_at = study.get_trials(deepcopy=False)[trial.number].user_attrs.get(studies.PRUNED_AT)
@@ -136,7 +123,7 @@ class OptunaSweep:
                 self._tell(study, trial, None, value)
                 log.info("Trial %d: %s=%s", trial.number, metric, value)
         if error is not None:
-            studies.set_user_attr(storage, study, trial.number, studies.ERROR, error)
+            trial.set_user_attr(studies.ERROR, error)
             self._tell(study, trial, TrialState.FAIL)
             log.warning("Trial %d failed: %s", trial.number, error)
         if run_dir is not None:
@@ -144,11 +131,7 @@ class OptunaSweep:
             write_yaml(Path(run_dir) / TRIAL_FILE, studies.trial_summary(frozen))
 
     def _tell(
-        self,
-        study: optuna.Study,
-        trial: optuna.Trial,
-        state: TrialState | None,
-        value: float | None = None,
+        self, study: optuna.Study, trial: optuna.Trial, state: TrialState | None, value=None
     ) -> None:
         try:
             study.tell(trial, value, state=state)
@@ -174,7 +157,7 @@ class OptunaSweep:
         best["train_command"] = shlex.join(["python", "train.py", *kept, *params])
         best["study_name"] = study.study_name
         best["storage"] = str(self.storage)
-        for folder in (Path(self.config.hydra.sweep.dir), self.study_dir):
+        for folder in (Path(self.config.hydra.sweep.dir), Path(self.study_dir)):
             write_yaml(folder / "best_trial.yaml", best)
         log.info(
             "Best trial %d: %s=%s, run folder %s\nRetrain it: %s",

@@ -33,19 +33,13 @@ def load_trial(
 ) -> optuna.Trial:
     """Trial `number` of a study, for a run in another process than the one that asked for it."""
     storage = open_storage(storage)
-    study_id = storage.get_study_id_from_name(study_name)
-    trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, number)
     study = optuna.load_study(study_name=study_name, storage=storage, pruner=pruner)
-    return optuna.Trial(study, trial_id)
+    return optuna.Trial(study, _trial_id(storage, study_name, number))
 
 
-def set_user_attr(
-    storage: BaseStorage, study: optuna.Study, number: int, key: str, value: Any
-) -> None:
-    """Set a user attribute of any trial of `study`, finished or not, by its number."""
-    study_id = storage.get_study_id_from_name(study.study_name)
-    trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, number)
-    storage.set_trial_user_attr(trial_id, key, value)
+def _trial_id(storage: BaseStorage, study_name: str, number: int) -> int:
+    study_id = storage.get_study_id_from_name(study_name)
+    return storage.get_trial_id_from_study_id_trial_number(study_id, number)
 
 
 def claim(trial: optuna.Trial) -> None:
@@ -63,9 +57,9 @@ def fail_interrupted_trials(storage: BaseStorage, study: optuna.Study, retry: bo
         owner = trial.user_attrs.get(SWEEPER)
         if owner is None or owner["host"] != socket.gethostname() or _alive(owner["pid"]):
             continue
-        set_user_attr(storage, study, trial.number, INTERRUPTED, True)
-        error = f"its sweeping process ({owner['pid']}) died"
-        set_user_attr(storage, study, trial.number, ERROR, error)
+        trial_id = _trial_id(storage, study.study_name, trial.number)
+        storage.set_trial_user_attr(trial_id, INTERRUPTED, True)
+        storage.set_trial_user_attr(trial_id, ERROR, f"its sweeping process ({owner['pid']}) died")
         study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
         if retry:
             study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
