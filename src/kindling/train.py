@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from kindling import train_checks as checks
 from kindling.callbacks.interrupt import CheckpointOnInterrupt
 from kindling.callbacks.resume import ResumeExactly
-from kindling.checkpoints import is_url
+from kindling.files import is_url
 from kindling.config import resolvers  # noqa: F401 - importing registers the resolvers
 from kindling.config.checks import check_model_fits_data
 from kindling.config.config_tree import print_config_tree
@@ -58,10 +58,8 @@ class JobError(UserError, CompactHydraException):
 
 def run(cfg: DictConfig) -> float | None:
     """Train and/or test as `cfg` says; return the value of `cfg.optimized_metric` (or None).
-
-    Bad input ends a run with its message alone (exit code 1), printed by rank 0 (every rank
-    meets it); in a multirun it is raised (a SystemExit would end the sweep); with
-    HYDRA_FULL_ERROR=1 it is raised as it is, with its traceback."""
+    A UserError ends the run with its message alone (exit 1; raised in a multirun, whose other
+    jobs go on, and with HYDRA_FULL_ERROR=1)."""
     ignore_unhelpful_warnings()
     if HydraConfig.initialized():
         _log_through_hydra()
@@ -92,9 +90,8 @@ def run(cfg: DictConfig) -> float | None:
 
 
 def _exit_on_sigterm() -> Any:
-    """Outside training, validation and testing (where CheckpointOnInterrupt saves at the end of
-    the step), SIGTERM ends the run at once with 143 and a line saying so. Returns the handler
-    it replaced."""
+    """SIGTERM outside a stage (where CheckpointOnInterrupt stops at a step's end) exits at once
+    with 143, saying so. Returns the handler it replaced."""
 
     def stop(signum: int, frame: Any) -> None:
         log.warning("Stopped by SIGTERM outside training: nothing more was saved.")
@@ -107,9 +104,8 @@ def _exit_on_sigterm() -> Any:
 
 
 def _log_through_hydra() -> None:
-    """Lightning's messages and Python's warnings through Hydra's handlers (the console and the
-    run folder's train.log): Lightning gives its loggers a console handler of their own when it
-    is imported before logging is configured."""
+    """Lightning's messages and Python's warnings into Hydra's handlers (console and train.log):
+    Lightning imported before logging is configured gives itself a console handler."""
     for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
         library_log = logging.getLogger(name)
         for handler in [h for h in library_log.handlers if type(h) is logging.StreamHandler]:
@@ -136,7 +132,9 @@ def train_and_test(cfg: DictConfig) -> float | None:
         check_arguments(cfg.model, "model")  # with what the data filled in
         model: L.LightningModule = build(cfg.model, "model")
         if checkpoint is not None:  # the weights' shapes are known once the model is built
-            checks.check_weights_fit(checkpoint, model)
+            from kindling.run.starting_checkpoint import check_weights_fit
+
+            check_weights_fit(checkpoint, model)
     except UserError:
         resumed.forget_refused(cfg.paths.output_dir)
         raise
@@ -170,14 +168,9 @@ def train_and_test(cfg: DictConfig) -> float | None:
 
 
 def fill_in_from_data(data: DictConfig, datamodule: L.LightningDataModule) -> None:
-    """Write what only the data knows into the run's config before the model is built from it.
-
-    A data module that must read its files to know its class count, image shape or features
-    (a folder's class folders, a table's columns) says what they are in `describe()`, a dict of
-    `data.` keys; those its config leaves null are filled in: `model.net.num_classes:
-    ${data.num_classes}` then reads the real value, the saved config and the module's
-    hyperparameters hold it, and composing a config (`--cfg job`) reads no data.
-    """
+    """The `data.` keys the config leaves null, from the data module's `describe()` (a folder's
+    class count, a table's features): `${data.num_classes}` in the model's config then reads the
+    real value, and composing a config (`--cfg job`) reads no data."""
     describe = getattr(datamodule, "describe", None)
     if describe is None:
         return
@@ -188,9 +181,8 @@ def fill_in_from_data(data: DictConfig, datamodule: L.LightningDataModule) -> No
 
 
 def augment_images_only(data: DictConfig) -> None:
-    """Leave out the augment entries of data without images (data=streaming's default, flip_crop,
-    on a copy of sequences): they transform images, and the crop reads `data.image_shape`, null
-    there, which would stop the config from resolving."""
+    """Drop `data.augment` where the data has no images (data=streaming on sequences): the crop
+    reads the null `data.image_shape`, which would stop the config from resolving."""
     if data.get("augment") and data.get("image_shape") is None:
         with open_dict(data):
             del data["augment"]
@@ -202,9 +194,8 @@ def build_trainer(
     extra_callbacks: Sequence[Callback] = (),
     datamodule: L.LightningDataModule | None = None,
 ) -> L.Trainer:
-    """The Trainer of `cfg.trainer` with the configured loggers and callbacks, its null precision
-    and benchmark decided for this device and `datamodule`. (The benchmarks build theirs here
-    too, with a meter in `extra_callbacks`.)"""
+    """The Trainer of `cfg.trainer` with the configured loggers and callbacks (and, for the
+    benchmarks, `extra_callbacks`)."""
     decide_device_defaults(cfg.trainer, datamodule)
     loggers = instantiate_group(cfg.get("logger"), "logger")
     callbacks = [*instantiate_group(cfg.get("callbacks"), "callbacks"), *extra_callbacks]
@@ -212,9 +203,8 @@ def build_trainer(
         if isinstance(callback, ResumeExactly):  # the run's record: no YAML value holds it
             callback.config = OmegaConf.to_container(cfg, resolve=True)
             callback.provenance = run_provenance
-    # `trainer.enable_progress_bar=false` (and the like) turns off what these callbacks do:
-    # Lightning would refuse a progress bar or checkpoint callback beside it, and still run a
-    # model summary. LearningRateMonitor refuses to run without a logger.
+    # `trainer.enable_progress_bar=false` and the like drop their callbacks, which Lightning would
+    # refuse (or run anyway); LearningRateMonitor refuses to run without a logger.
     switched_off = {"enable_progress_bar": ProgressBar, "enable_model_summary": ModelSummary}
     switched_off |= {"enable_checkpointing": ModelCheckpoint}
     dropped = tuple(kind for flag, kind in switched_off.items() if cfg.trainer.get(flag) is False)
@@ -230,10 +220,8 @@ def build_trainer(
 
 
 def decide_device_defaults(trainer: DictConfig, datamodule: L.LightningDataModule | None) -> None:
-    """Fill in the trainer's null `precision` and `benchmark` (configs/trainer/default.yaml), so
-    that the run's recorded config says what it trained with. Decided here, not while the config
-    is composed: the precision reads the GPU through NVML (no CUDA context, so ddp_fork can still
-    fork), and cudnn.benchmark follows the data module's `fixed_batch_shapes`."""
+    """Fill in a null `precision` (for this device) and `benchmark` (on where the data module's
+    batches have `fixed_batch_shapes`), so the recorded config says what the run trained with."""
     with open_dict(trainer):
         if trainer.get("precision") is None:
             trainer.precision = best_precision(trainer.get("accelerator", "auto"))
@@ -256,21 +244,17 @@ def _check(cfg: DictConfig) -> str | None:
     trackers.check_tracking_uri(cfg.get("logger"))
     if "batch_size" in cfg.data:
         per_device_batch_size(cfg.data.batch_size, checks.requested_world_size(cfg.trainer))
-    runs_dir = Path(cfg.paths.log_dir) / cfg.task_name / "runs"
-    overrides = HydraConfig.get().overrides.task if HydraConfig.initialized() else None
-    checkpoint = resumed.resolve_checkpoint(cfg.get("ckpt_path"), runs_dir, overrides)
-    if checkpoint is not None:
-        stored = checks.check_checkpoint(checkpoint, cfg.model)
-        if cfg.get("train"):
-            checks.check_training_left(stored, checkpoint, cfg.trainer)
-    elif not cfg.get("train") and cfg.get("test"):
+    if cfg.get("ckpt_path") is not None:
+        from kindling.run.starting_checkpoint import checked_checkpoint
+
+        return checked_checkpoint(cfg)
+    if not cfg.get("train") and cfg.get("test"):
         raise UserError("train=false tests a checkpoint: give it with ckpt_path=<file>.")
-    return str(checkpoint) if checkpoint is not None else None
+    return None
 
 
 def run_summary(trainer: L.Trainer, metrics: dict, run_dir: str | Path) -> str:
-    """What came of the run: the best checkpoint and its score, the test metrics, the pictures,
-    the run folder."""
+    """The best checkpoint and its score, the test metrics, the pictures, the run folder."""
     lines = []
     callback = trainer.checkpoint_callback
     if callback is not None and callback.best_model_path and callback.best_model_score is not None:

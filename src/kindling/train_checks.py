@@ -1,18 +1,13 @@
 """What `kindling.train` checks before anything is built, beyond each object's arguments: the
-machine, the launch and the checkpoint a run starts from. Each fails with one line and the fix."""
+machine and the launch (the checkpoint's: `kindling.run.starting_checkpoint`)."""
 
 import os
-from pathlib import Path
-from typing import Any
 
 import torch
-from hydra.core.hydra_config import HydraConfig
 from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
 from omegaconf import DictConfig
 
-from kindling.checkpoints import is_url, read_checkpoint, without_compile_prefix
 from kindling.config.errors import UserError
-from kindling.run import stored_overrides
 
 
 def check_seed(seed: object) -> None:
@@ -96,78 +91,3 @@ def check_launched_processes(trainer: DictConfig) -> None:
             f"(nodes x processes per node). Set trainer.num_nodes={nodes} "
             f"trainer.devices={per_node}."
         )
-
-
-def check_checkpoint(path: Path | str, model: DictConfig) -> dict[str, Any]:
-    """The checkpoint exists, is one, and was written for the same kind of net; returns it."""
-    checkpoint = read_checkpoint(path)
-    stored = checkpoint.get("config", {}).get("model", {}).get("net", {}).get("_target_")
-    wanted = model.get("net", {}).get("_target_")
-    if stored and wanted and stored != wanted:
-        raise UserError(
-            f"{path} holds a {stored.rsplit('.', 1)[-1]}, but this run builds a "
-            f"{wanted.rsplit('.', 1)[-1]}. Choose the matching model= option, or another ckpt_path."
-        )
-    return checkpoint
-
-
-def check_weights_fit(path: Path | str, model: torch.nn.Module) -> None:
-    """The checkpoint's weights have the shapes of the built model's: else Lightning stops in the
-    middle of loading them, with a long traceback. Weights the model has not built yet (a
-    language model's net, built from the data) are left to the model."""
-    checkpoint = read_checkpoint(path)  # mapped from disk, not read: checked before at no cost
-    built = model.state_dict()
-    for name, weights in without_compile_prefix(checkpoint["state_dict"]).items():
-        if name in built and tuple(weights.shape) != tuple(built[name].shape):
-            break
-    else:
-        return
-    stored = (checkpoint.get("provenance") or {}).get("overrides") or []
-    given = HydraConfig.get().overrides.task if HydraConfig.initialized() else []
-    trained_with = [
-        o
-        for o in stored
-        if o not in given and stored_overrides.key(o) not in stored_overrides.LENGTH
-    ]
-    was = f" Its run had {' '.join(trained_with)}." if trained_with else ""
-    raise UserError(
-        f"{path} does not fit this config's model: model.{name}: checkpoint "
-        f"{list(weights.shape)}, this config {list(built[name].shape)}.{was} Resume with the "
-        "overrides it was trained with (ckpt_path=<file> alone restores them), or start a new run."
-    )
-
-
-def check_training_left(checkpoint: dict[str, Any], path: Path | str, trainer: DictConfig) -> None:
-    """Resuming a checkpoint whose training has ended (at `trainer.max_epochs`, or max_steps)
-    would fit nothing, then test again and record the test alone: refused, with how to go on."""
-    epochs = checkpoint["loops"]["fit_loop"]["epoch_progress"]["current"]["processed"]
-    steps = checkpoint["global_step"]
-    max_epochs, max_steps = trainer.get("max_epochs"), trainer.get("max_steps", -1)
-    if max_epochs is None and max_steps == -1:
-        max_epochs = 1000  # Lightning's default
-    if max_epochs not in (None, -1) and epochs >= max_epochs:
-        done = f"its checkpoint has {epochs} epochs of trainer.max_epochs={max_epochs}"
-        further = f"trainer.max_epochs={2 * max(epochs, 1)}"
-    elif max_steps != -1 and steps >= max_steps:
-        done = f"its checkpoint has {steps} steps of trainer.max_steps={max_steps}"
-        further = f"trainer.max_steps={2 * max_steps}"
-    else:
-        return
-    best = _best_checkpoint(checkpoint, path) or "<checkpoint>"
-    raise UserError(
-        f"{path} has finished training: {done}. To train further, resume with a larger "
-        f"{further}; to test it again (in a folder of its own), train=false ckpt_path={best}."
-    )
-
-
-def _best_checkpoint(checkpoint: dict[str, Any], path: Path | str) -> Path | None:
-    """The best checkpoint of the run that saved `checkpoint` (at `path`), found in `path`'s
-    folder (the run folder may have moved since), or None."""
-    if is_url(path):
-        return None
-    for key, state in checkpoint.get("callbacks", {}).items():
-        if key.startswith("ModelCheckpoint") and state.get("best_model_score") is not None:
-            best = Path(path).parent / Path(state["best_model_path"]).name
-            if best.is_file():
-                return best
-    return None

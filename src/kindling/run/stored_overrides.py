@@ -1,12 +1,10 @@
 """A run's configuration as its Hydra overrides, stored in every checkpoint's provenance:
 `python train.py ckpt_path=<file>` without a configuration of its own composes them again, and
-`ckpt_path=last` takes the newest run whose overrides are the command's (`kindling.run.resumed`).
-"""
+`ckpt_path=last` takes the newest run whose overrides are the command's."""
 
 from collections.abc import Sequence
 from pathlib import Path
 
-from kindling.checkpoints import read_checkpoint
 from kindling.config.errors import UserError
 
 # What the command does and where it resumes from, how Hydra runs it, a search: not what the run
@@ -38,6 +36,8 @@ def same_configuration(stored: Sequence[str], given: Sequence[str]) -> bool:
 def of_checkpoint(path: str | Path) -> list[str] | None:
     """The overrides stored in the checkpoint; None when it holds none or cannot be read (the
     run's checks say why)."""
+    from kindling.checkpoints import read_checkpoint  # runs given a checkpoint only
+
     try:
         overrides = (read_checkpoint(path).get("provenance") or {}).get("overrides")
     except UserError:
@@ -46,9 +46,9 @@ def of_checkpoint(path: str | Path) -> list[str] | None:
 
 
 def with_checkpoint_overrides(args: Sequence[str]) -> list[str]:
-    """`train.py`'s arguments, with the overrides stored in the checkpoint `ckpt_path=<file>`
-    in front when the command gives no configuration of its own (only the length, train/test or
-    Hydra's keys, which win). A command with other overrides states the configuration itself."""
+    """`train.py`'s arguments, with the overrides stored in the checkpoint `ckpt_path=<file>` in
+    front when the command configures nothing itself (but the length, train/test or Hydra's
+    keys, which win)."""
     given = [a for a in args if not a.startswith("-")]
     ckpt_path = next((a.partition("=")[2] for a in reversed(given) if key(a) == "ckpt_path"), "")
     own = [a for a in run_overrides(given) if key(a) not in LENGTH]
