@@ -37,7 +37,7 @@ from kindling.files import is_url
 from kindling.hardware import best_precision
 from kindling.known_warnings import ignore_unhelpful_warnings
 from kindling.loggers import trackers
-from kindling.run import folder_lock, hydra_ddp, job_record, provenance, resumed, run_folder
+from kindling.run import folder_lock, job_record, provenance, resumed, run_folder
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +47,6 @@ OmegaConf.register_new_resolver("run_stamp", run_folder.run_stamp, use_cache=Tru
 OmegaConf.register_new_resolver("sweep_dir", run_folder.sweep_folder, use_cache=True, replace=True)
 OmegaConf.register_new_resolver("run_dir", resumed.run_dir, replace=True)
 OmegaConf.register_new_resolver("hydra_subdir", resumed.hydra_subdir, replace=True)
-# trainer=gpu_per_job gives job N of a parallel sweep its own GPU: `devices: ${job_device:}`.
-OmegaConf.register_new_resolver("job_device", hydra_ddp.job_device, replace=True)
 
 
 class JobError(UserError, CompactHydraException):
@@ -65,7 +63,7 @@ def run(cfg: DictConfig) -> float | None:
         _log_through_hydra()
     previous_handler = _exit_on_sigterm()
     try:
-        with hydra_ddp.job_environment(), job_record.recorded_job(cfg.paths.output_dir):
+        with job_record.job_environment(), job_record.recorded_job(cfg.paths.output_dir):
             return train_and_test(cfg)
     except SIGTERMException as stop:
         # Lightning stopped at the end of a step; CheckpointOnInterrupt said where it saved
@@ -214,7 +212,8 @@ def build_trainer(
     callbacks.sort(key=lambda callback: isinstance(callback, CheckpointOnInterrupt))
     trainer = build(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False)
     if trainer.world_size > 1 and HydraConfig.initialized():
-        # Lightning starts the extra ranks: as single runs of this job, in its folder.
+        from kindling.run import hydra_ddp  # Lightning starts the extra ranks: as runs of this job
+
         hydra_ddp.install()
     return trainer
 

@@ -4,7 +4,6 @@ job that SLURM warns with SIGUSR1 (time limit, preemption)."""
 import os
 import shlex
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -15,7 +14,7 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 
@@ -146,7 +145,9 @@ class CheckpointOnInterrupt(Callback):
             self._deadline = None
             return
         self._deadline = time.monotonic() + self.exit_within_s  # every rank saves together
-        if SLURMEnvironment.detect():
+        if on_slurm := SLURMEnvironment.detect():
+            from kindling.run.slurm import next_hpc_checkpoint, requeue
+
             self.saved_path = next_hpc_checkpoint(trainer.default_root_dir)
         else:
             folder = getattr(trainer.checkpoint_callback, "dirpath", None)
@@ -155,7 +156,7 @@ class CheckpointOnInterrupt(Callback):
             self.saved_path = f"{folder.rstrip('/')}/{self.filename}"
         trainer.save_checkpoint(self.saved_path)
         self._deadline = None  # saved: the run ends as it should
-        if SLURMEnvironment.detect():
+        if on_slurm:
             # SIGTERM comes from SLURM itself (scontrol requeue requeues; scancel does not).
             if self.stopped_by == signal.SIGUSR1 and trainer.is_global_zero:
                 requeue(self.saved_path)
@@ -165,23 +166,3 @@ class CheckpointOnInterrupt(Callback):
             f"Checkpoint: {self.saved_path}\n"
             f"Resume with: python train.py {shlex.quote(f'ckpt_path={self.saved_path}')}"
         )
-
-
-def next_hpc_checkpoint(run_dir: str | Path) -> str:
-    """`<run_dir>/hpc_ckpt_<n>.ckpt`, n above any there: Lightning resumes a SLURM job from the
-    highest when it starts with no `ckpt_path`."""
-    taken = [int(p.stem.rpartition("_")[2]) for p in Path(run_dir).glob("hpc_ckpt_*.ckpt")]
-    return str(Path(run_dir) / f"hpc_ckpt_{max(taken, default=0) + 1}.ckpt")
-
-
-def requeue(checkpoint: str) -> None:
-    """Put this SLURM job (or array task) back in the queue."""
-    job = os.environ["SLURM_JOB_ID"]
-    if "SLURM_ARRAY_JOB_ID" in os.environ:
-        job = f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
-    done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
-    if done.returncode == 0:
-        rank_zero_info(f"Requeued SLURM job {job}: it resumes from {checkpoint}.")
-    else:
-        why = done.stderr.strip()
-        rank_zero_warn(f"Could not requeue SLURM job {job} ({why}): resume, ckpt_path={checkpoint}")

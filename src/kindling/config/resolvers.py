@@ -3,6 +3,8 @@ of the run folders are `kindling.train`'s."""
 
 from typing import Any
 
+import torch
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import ListConfig, OmegaConf
 
 from kindling.config.errors import UserError
@@ -44,6 +46,12 @@ def gpu_count(accelerator: Any, devices: Any) -> int | None:
     return device_count(devices) if accelerator in ("gpu", "cuda", "auto") else None
 
 
+def job_device() -> list[int]:
+    """This job's device in a parallel sweep (`trainer=gpu_per_job`): job number mod devices."""
+    job_num = HydraConfig.get().job.get("num", 0) or 0 if HydraConfig.initialized() else 0
+    return [job_num % max(torch.cuda.device_count(), 1)]
+
+
 # data=image_folder counts its classes: `num_classes: ${class_count:${data.path}}`; the augment
 # group pads crops by an eighth of the image size: `${div:${data.image_shape.1},8}`.
 OmegaConf.register_new_resolver("div", lambda a, b: int(a) // int(b), replace=True)
@@ -53,4 +61,6 @@ OmegaConf.register_new_resolver("device_count", device_count, replace=True)
 OmegaConf.register_new_resolver("gpu_count", gpu_count, replace=True)
 # data=image_folder's size and statistics follow a pretrained timm net:
 # `mean: ${pretrained_input:mean,null}`.
+# trainer=gpu_per_job gives job N of a parallel sweep its own GPU: `devices: ${job_device:}`.
+OmegaConf.register_new_resolver("job_device", job_device, replace=True)
 OmegaConf.register_new_resolver("pretrained_input", pretrained_input, replace=True)
