@@ -1,5 +1,4 @@
-"""Save a resumable checkpoint when SIGTERM (clusters) or Ctrl-C stops a run, and requeue a SLURM
-job that SLURM warns with SIGUSR1 (time limit, preemption)."""
+"""A resumable checkpoint when SIGTERM (clusters), Ctrl-C or SLURM's SIGUSR1 stops a run."""
 
 import os
 import shlex
@@ -20,16 +19,11 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 class CheckpointOnInterrupt(Callback):
     """On SIGTERM, Ctrl-C (or SIGUSR1 in a SLURM job) during fit, write `filename` at the end of
-    the current step; the run exits with 128 + the signal. Outside fit it stops with no checkpoint.
-
-    The signal only raises a flag; the ranks agree at each step's end whether any was signalled
-    and all stop there together. Lightning's handler broadcasts from inside the signal handler,
-    which can deadlock the ranks (internals.py). A second Ctrl-C stops at once, unsaved. A signal
-    during fit's validation waits for it to end, so a resumed run never skips it. In a SLURM job
-    the checkpoint is `<run folder>/hpc_ckpt_<n>.ckpt`, which Lightning resumes from when the job
-    starts again, and SIGUSR1 requeues the job. A rank that goes `exit_within_s` without ending a
-    step once signalled (a dead peer) exits, with the ranks it started.
-    """
+    the step (SLURM: `hpc_ckpt_<n>.ckpt`, and SIGUSR1 requeues); the run exits with 128 + the
+    signal. The signal only raises a flag: at each step's end the ranks agree whether any was
+    signalled (Lightning's handler broadcasts inside the handler, which can deadlock them). A
+    second Ctrl-C stops at once; a signal in fit's validation waits for its end; a rank that goes
+    `exit_within_s` without ending a step once signalled (a dead peer) exits."""
 
     def __init__(self, filename: str = "last.ckpt", exit_within_s: float = 300.0):
         self.filename = filename
@@ -42,8 +36,8 @@ class CheckpointOnInterrupt(Callback):
         self._held = False  # a stop held until the validation it came in ends
 
     def _install(self, trainer: L.Trainer) -> None:
-        """Take SIGTERM over from Lightning's handler, in place while a stage runs (Lightning puts
-        back its predecessor), Ctrl-C unless ignored, and SIGUSR1 in a SLURM job."""
+        """Take over SIGTERM from Lightning's handler while a stage runs, Ctrl-C unless ignored,
+        and SIGUSR1 in a SLURM job."""
         current = signal.getsignal(signal.SIGTERM)
         if current in (self._on_signal, signal.SIG_DFL, None):
             return

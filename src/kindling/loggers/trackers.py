@@ -1,9 +1,6 @@
-"""Trackers (MLflow, W&B, TensorBoard, any Lightning Logger) record a run; they do not carry it.
-
-One that fails before training stops the run in one line naming it; one that fails during the
-run is warned about in one line and left out, while training, checkpoints and the CSV history
-(the run's own record, never left out) go on.
-"""
+"""Trackers (MLflow, W&B, TensorBoard, any Lightning Logger) record a run; they do not carry it:
+one that fails before training stops the run in one line naming it; one that fails during the
+run is warned about in one line and left out, while training and the CSV history go on."""
 
 import functools
 import logging
@@ -62,8 +59,8 @@ def starting(key: str) -> Iterator[None]:
 
 
 def tolerate_failures(logger: Logger) -> None:
-    """From now on, the first failure of one of `logger`'s writes is warned about in one line
-    (the tracker's own lines about it held back) and the logger does nothing more."""
+    """The first failure of one of `logger`'s writes is warned about in one line (the tracker's
+    own lines about it held back); the logger then does nothing more."""
     if isinstance(logger, CSVLogger):
         return
     failed: list[Exception] = []
@@ -95,8 +92,7 @@ def tolerate_failures(logger: Logger) -> None:
 
 @contextmanager
 def held_back_logs() -> Iterator[list[logging.LogRecord]]:
-    """What any library logs inside the block, held back from every handler, for the caller to
-    re-emit if the block succeeds."""
+    """What any library logs inside the block, held back, for the caller to re-emit."""
     loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
     handlers = {h for lg in loggers if isinstance(lg, logging.Logger) for h in lg.handlers}
     held: list[logging.LogRecord] = []
@@ -115,8 +111,7 @@ def held_back_logs() -> Iterator[list[logging.LogRecord]]:
 
 
 def first_line(error: BaseException) -> str:
-    """The first line of the root error: a wrapper (MLflow's around SQLAlchemy's around
-    sqlite3's) often begins with its own words, not the cause."""
+    """The first line of the root error (MLflow's wraps SQLAlchemy's, which wraps sqlite3's)."""
     while error.__cause__ or error.__context__:
         error = error.__cause__ or error.__context__
     lines = str(error).strip().splitlines()
