@@ -20,6 +20,7 @@ from lightning.pytorch.callbacks import (
     ModelSummary,
     ProgressBar,
 )
+from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -36,7 +37,6 @@ from kindling.data.loaders import per_device_batch_size
 from kindling.files import is_url
 from kindling.hardware import best_precision
 from kindling.known_warnings import ignore_unhelpful_warnings
-from kindling.loggers import trackers
 from kindling.run import folder_lock, job_record, provenance, resumed, run_folder
 
 log = logging.getLogger(__name__)
@@ -140,11 +140,14 @@ def train_and_test(cfg: DictConfig) -> float | None:
 
     rank_zero_info(f"Run folder: {cfg.paths.output_dir}")
     config = OmegaConf.to_container(cfg, resolve=True)
-    for key, logger in trackers.named(cfg.get("logger"), trainer.loggers):
-        with trackers.starting(key):  # Lightning calls loggers on rank 0 only
-            logger.log_hyperparams({**config, "provenance": provenance.summary(run_provenance)})
-            provenance.tag(run_provenance, [logger])
-        trackers.tolerate_failures(logger)
+    hparams = {**config, "provenance": provenance.summary(run_provenance)}
+    if all(isinstance(logger, CSVLogger) for logger in trainer.loggers):  # the run's own record
+        for logger in trainer.loggers:
+            logger.log_hyperparams(hparams)
+    else:
+        from kindling.loggers import trackers  # MLflow, W&B, TensorBoard, ...
+
+        trackers.start(cfg.get("logger"), trainer.loggers, hparams, run_provenance)
 
     if cfg.get("train"):
         trainer.fit(model=model, datamodule=datamodule, ckpt_path=checkpoint)
@@ -240,7 +243,7 @@ def _check(cfg: DictConfig) -> str | None:
         check_arguments(cfg.get(group), group)
     checks.check_accelerator(cfg.trainer)
     checks.check_launched_processes(cfg.trainer)
-    trackers.check_tracking_uri(cfg.get("logger"))
+    checks.check_tracking_uri(cfg.get("logger"))
     if "batch_size" in cfg.data:
         per_device_batch_size(cfg.data.batch_size, checks.requested_world_size(cfg.trainer))
     if cfg.get("ckpt_path") is not None:

@@ -1,5 +1,5 @@
 """What `kindling.train` checks before anything is built, beyond each object's arguments: the
-machine and the launch (the checkpoint's: `kindling.run.starting_checkpoint`)."""
+machine, the launch, a tracker's store (the checkpoint's: `kindling.run.starting_checkpoint`)."""
 
 import os
 
@@ -17,9 +17,8 @@ def check_seed(seed: object) -> None:
 
 
 def requested_world_size(trainer: DictConfig) -> int:
-    """How many processes the trainer config asks for (devices x nodes): `devices: auto` on GPUs
-    counts the visible ones; a strategy that names its devices (trainer=ddp_one_gpu) runs one
-    process for each."""
+    """How many processes the trainer config asks for (devices x nodes; `auto` on GPUs counts the
+    visible ones; a strategy that names its devices runs one process for each)."""
     nodes = int(trainer.get("num_nodes", 1))
     strategy = trainer.get("strategy")
     if isinstance(strategy, DictConfig) and strategy.get("parallel_devices"):
@@ -40,8 +39,8 @@ def requested_world_size(trainer: DictConfig) -> int:
 
 
 def check_accelerator(trainer: DictConfig) -> None:
-    """A GPU config on a machine without one, or more devices than the machine has: refused
-    before the data is read (Lightning refuses it once the data and model are built)."""
+    """A GPU config on a machine without one, or more devices than it has: refused before the data
+    is read, not once the data and model are built."""
     accelerator = str(trainer.get("accelerator", "auto")).lower()
     devices = trainer.get("devices", 1)
     if accelerator in ("gpu", "cuda"):
@@ -70,9 +69,8 @@ def check_accelerator(trainer: DictConfig) -> None:
 
 
 def check_launched_processes(trainer: DictConfig) -> None:
-    """`trainer.num_nodes` and `trainer.devices` say how many processes srun or torchrun started
-    (Lightning joins those, looking for SLURM first, as here): otherwise the ranks wait for
-    processes that never come, or Lightning stops once the data and model are built."""
+    """`trainer.num_nodes` x `trainer.devices` are the processes srun or torchrun started:
+    otherwise the ranks wait for processes that never come."""
     env = os.environ
     if SLURMEnvironment.detect():
         launcher, nodes = "srun", int(env.get("SLURM_NNODES", "1"))
@@ -91,3 +89,19 @@ def check_launched_processes(trainer: DictConfig) -> None:
             f"(nodes x processes per node). Set trainer.num_nodes={nodes} "
             f"trainer.devices={per_node}."
         )
+
+
+def check_tracking_uri(loggers: DictConfig | None) -> None:
+    """MLflow with neither a tracking URI nor a folder falls back to a store MLflow 3 refuses."""
+    for name, entry in (loggers or {}).items():
+        if (
+            entry is not None
+            and str(entry.get("_target_", "")).endswith("MLFlowLogger")
+            and entry.get("tracking_uri") is entry.get("save_dir") is None
+            and not os.environ.get("MLFLOW_TRACKING_URI")
+        ):
+            raise UserError(
+                f"logger.{name}.tracking_uri is null and MLFLOW_TRACKING_URI is not set: set one, "
+                f"e.g. logger.{name}.tracking_uri=http://<host>:5000 (a server) or "
+                f"sqlite:///logs/mlflow.db (a file)."
+            )

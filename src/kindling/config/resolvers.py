@@ -1,5 +1,5 @@
-"""The resolvers the configs use (`${name:...}`), registered when this module is imported; those
-of the run folders are `kindling.train`'s."""
+"""The resolvers the configs use (`${name:...}`), registered on import (the run folders':
+`kindling.train`)."""
 
 from typing import Any
 
@@ -12,8 +12,7 @@ from kindling.config.errors import UserError
 
 def pretrained_input(key: str, default: Any, *, _root_: Any) -> Any:
     """`size`, `mean` or `std` of a pretrained timm net's input (`model=timm` with
-    `model.net.pretrained` or a `pretrained_file`), else `default`: the data config's defaults
-    follow the net's pretrained configuration."""
+    `model.net.pretrained` or a `pretrained_file`), else `default`."""
     net = OmegaConf.select(_root_, "model.net", default=None)
     if net is None or net.get("_target_") != "kindling.models.timm_net.TimmClassifier":
         return default
@@ -28,8 +27,7 @@ def pretrained_input(key: str, default: Any, *, _root_: Any) -> Any:
 
 
 def device_count(devices: Any) -> int:
-    """trainer.devices as a number: SLURM allocates GPUs before the job runs, so before
-    `devices: auto` could count them (on a login node there are none to count)."""
+    """trainer.devices as a number: SLURM allocates GPUs before `devices: auto` could count them."""
     if isinstance(devices, ListConfig):
         return len(devices)
     if isinstance(devices, int) and not isinstance(devices, bool) and devices > 0:
@@ -41,8 +39,7 @@ def device_count(devices: Any) -> int:
 
 
 def gpu_count(accelerator: Any, devices: Any) -> int | None:
-    """The GPUs per node hydra/launcher=slurm asks for: trainer.devices where the trainer trains
-    on GPUs (`auto` takes the GPUs a job has), none (no `--gpus-per-node`) on CPUs."""
+    """The GPUs per node hydra/launcher=slurm asks for: trainer.devices on GPUs, None on CPUs."""
     return device_count(devices) if accelerator in ("gpu", "cuda", "auto") else None
 
 

@@ -35,16 +35,15 @@ def write_yaml(path: Path, record: dict[str, Any]) -> None:
 
 @rank_zero_only
 def save_results(metrics: dict, run_dir: str | Path) -> None:
-    """The run's last metrics (of the last validation, and the test of the best checkpoint),
-    whichever loggers the run had."""
+    """The run's last metrics (the last validation's, the best checkpoint's test)."""
     write_yaml(Path(run_dir) / RESULTS_FILE, {n: float(v) for n, v in sorted(metrics.items())})
 
 
 @contextmanager
 def recorded_job(run_dir: str | Path) -> Iterator[None]:
     """In a multirun, rank 0 writes `job.yaml`: `running`, then `completed`, `failed` with the
-    error, or `interrupted` with the exit code (a signal: checkpointed at a step's end). A killed
-    job never writes its end: the report calls it interrupted too."""
+    error, or `interrupted` with the exit code (a killed job's stays `running`: the report calls
+    it interrupted too)."""
     multirun = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
     if not multirun or rank_zero_only.rank != 0:
         yield
