@@ -29,7 +29,6 @@ from kindling import train_checks as checks
 from kindling.callbacks.interrupt import CheckpointOnInterrupt
 from kindling.callbacks.resume import ResumeExactly
 from kindling.config import resolvers  # noqa: F401 - importing registers the resolvers
-from kindling.config.checks import check_model_fits_data
 from kindling.config.config_tree import print_config_tree
 from kindling.config.errors import UserError, find_user_error, message
 from kindling.config.instantiate import build, check_arguments, instantiate_group
@@ -235,7 +234,7 @@ def decide_device_defaults(trainer: DictConfig, datamodule: L.LightningDataModul
 def _check(cfg: DictConfig) -> str | None:
     """Fail on bad input before any work; return the checkpoint file to start from, if any."""
     folder_lock.hold(cfg.paths.output_dir)  # first: a folder in use is refused for that alone
-    check_model_fits_data(cfg)
+    checks.check_model_fits_data(cfg)
     checks.check_seed(cfg.get("seed"))
     # Every object's config against its target's signature, before anything is built (the
     # model's once the data has filled in what only it knows: fill_in_from_data).
