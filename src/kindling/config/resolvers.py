@@ -49,15 +49,13 @@ def job_device() -> list[int]:
     return [job_num % max(torch.cuda.device_count(), 1)]
 
 
-# data=image_folder counts its classes: `num_classes: ${class_count:${data.path}}`; the augment
-# group pads crops by an eighth of the image size: `${div:${data.image_shape.1},8}`.
+# The augment group pads crops by an eighth of the image size: `${div:${data.image_shape.1},8}`.
 OmegaConf.register_new_resolver("div", lambda a, b: int(a) // int(b), replace=True)
 # hydra/launcher=slurm asks for `${device_count:${trainer.devices}}` tasks per node and
 # `${gpu_count:${trainer.accelerator},${trainer.devices}}` GPUs.
 OmegaConf.register_new_resolver("device_count", device_count, replace=True)
 OmegaConf.register_new_resolver("gpu_count", gpu_count, replace=True)
-# data=image_folder's size and statistics follow a pretrained timm net:
-# `mean: ${pretrained_input:mean,null}`.
 # trainer=gpu_per_job gives job N of a parallel sweep its own GPU: `devices: ${job_device:}`.
 OmegaConf.register_new_resolver("job_device", job_device, replace=True)
+# data=image_folder's size and statistics follow a pretrained timm net: `${pretrained_input:...}`.
 OmegaConf.register_new_resolver("pretrained_input", pretrained_input, replace=True)
