@@ -11,7 +11,26 @@ from omegaconf import DictConfig
 
 from kindling.checkpoints import is_url, read_checkpoint, without_compile_prefix
 from kindling.config.errors import UserError
-from kindling.run import stored_overrides
+from kindling.run.stored_overrides import LENGTH, key, run_overrides
+
+
+def same_configuration(stored: Sequence[str], given: Sequence[str]) -> bool:
+    """The same overrides, in any order, but for the training's length."""
+
+    def configuration(overrides: Sequence[str]) -> list[str]:
+        return sorted(o for o in run_overrides(overrides) if key(o) not in LENGTH)
+
+    return configuration(stored) == configuration(given)
+
+
+def of_checkpoint(path: str | Path) -> list[str] | None:
+    """The overrides stored in the checkpoint; None when it holds none or cannot be read (the
+    run's checks say why)."""
+    try:
+        overrides = (read_checkpoint(path).get("provenance") or {}).get("overrides")
+    except UserError:
+        return None
+    return list(overrides) if isinstance(overrides, list) else None
 
 
 def find_last_checkpoint(
@@ -24,12 +43,12 @@ def find_last_checkpoint(
         return candidates[-1] if candidates else None
     others = []
     for last in reversed(candidates):
-        stored = stored_overrides.of_checkpoint(last)
-        if stored is None or stored_overrides.same_configuration(stored, overrides):
+        stored = of_checkpoint(last)
+        if stored is None or same_configuration(stored, overrides):
             return last
         others.append(f"{last.parent.parent} ({' '.join(stored) or 'no overrides'})")
     shown = "; ".join(others[:3]) + ("; ..." if len(others) > 3 else "")
-    given = " ".join(stored_overrides.run_overrides(overrides)) or "none"
+    given = " ".join(run_overrides(overrides)) or "none"
     raise UserError(
         f"ckpt_path=last: no run under {runs_dir} has this command's overrides ({given}). "
         f"Runs, newest first: {shown}. Resume one with ckpt_path=<run>/checkpoints/last.ckpt "
@@ -88,8 +107,7 @@ def check_weights_fit(path: Path | str, model: torch.nn.Module) -> None:
         return
     stored = (checkpoint.get("provenance") or {}).get("overrides") or []
     given = HydraConfig.get().overrides.task if HydraConfig.initialized() else []
-    length = stored_overrides.LENGTH
-    trained_with = [o for o in stored if o not in given and stored_overrides.key(o) not in length]
+    trained_with = [o for o in stored if o not in given and key(o) not in LENGTH]
     was = f" Its run had {' '.join(trained_with)}." if trained_with else ""
     raise UserError(
         f"{path} does not fit this config's model: model.{name}: checkpoint "
@@ -125,8 +143,8 @@ def _best_checkpoint(checkpoint: dict[str, Any], path: Path | str) -> Path | Non
     may have moved since), or None."""
     if is_url(path):
         return None
-    for key, state in checkpoint.get("callbacks", {}).items():
-        if key.startswith("ModelCheckpoint") and state.get("best_model_score") is not None:
+    for name, state in checkpoint.get("callbacks", {}).items():
+        if name.startswith("ModelCheckpoint") and state.get("best_model_score") is not None:
             best = Path(path).parent / Path(state["best_model_path"]).name
             if best.is_file():
                 return best
