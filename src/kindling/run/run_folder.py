@@ -85,17 +85,14 @@ def check_launch() -> None:
 
 def launch_rank() -> int:
     """This process's rank in its launch: torchrun's RANK, srun's SLURM_PROCID, else 0."""
-    if "TORCHELASTIC_RUN_ID" in os.environ:
-        return int(os.environ.get("RANK", "0"))
-    if "SLURM_STEP_ID" in os.environ:  # a task of `srun`; a batch script's own processes are lone
-        return int(os.environ.get("SLURM_PROCID", "0"))
-    return 0
+    return launch()[0]
 
 
-def launch_size() -> int:
-    """The number of processes of this launch (torchrun's or srun's), else 1."""
-    if "TORCHELASTIC_RUN_ID" in os.environ:
-        return int(os.environ.get("WORLD_SIZE", "1"))
-    if "SLURM_STEP_ID" in os.environ:
-        return int(os.environ.get("SLURM_STEP_NUM_TASKS", "1"))
-    return 1
+def launch() -> tuple[int, int]:
+    """This process's rank and the number of processes of its launch (torchrun's or srun's)."""
+    env = os.environ
+    if "TORCHELASTIC_RUN_ID" in env:
+        return int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1"))
+    if "SLURM_STEP_ID" in env:  # a task of `srun`; a batch script's own processes are lone
+        return int(env.get("SLURM_PROCID", "0")), int(env.get("SLURM_STEP_NUM_TASKS", "1"))
+    return 0, 1

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from kindling.run.run_folder import launch_rank, launch_size
+from kindling.run.run_folder import launch
 
 OWNER_DIR = ".slurm"  # in a SLURM run folder: its command line, and who claimed it when
 
@@ -42,12 +42,12 @@ def claim(folder: str | Path) -> None:
 
 def _owner_id() -> str:
     """The command line and number of processes of this launch, hashed."""
-    command = f"{launch_size()} x {shlex.join(sys.argv[1:])}"
+    command = f"{launch()[1]} x {shlex.join(sys.argv[1:])}"
     return hashlib.sha256(command.encode()).hexdigest()[:16]
 
 
 def _claim_name() -> str:
-    return f"start-{os.environ.get('SLURM_RESTART_COUNT', '0')}.rank-{launch_rank()}"
+    return f"start-{os.environ.get('SLURM_RESTART_COUNT', '0')}.rank-{launch()[0]}"
 
 
 def next_hpc_checkpoint(run_dir: str | Path) -> str:
