@@ -8,7 +8,6 @@ import pynvml
 import torch
 from lightning.fabric.accelerators.cuda import is_cuda_available
 from rich import box
-from rich.console import Console
 from rich.table import Table
 
 GIB = 1024**3
@@ -77,12 +76,6 @@ def device_table(info: DeviceInfo) -> Table:
     table.add_row("MPS available", "yes" if info.mps_available else "no")
     table.add_row("use", f"python train.py {info.recommended_overrides}")
     return table
-
-
-def print_device_report(console: Console | None = None) -> DeviceInfo:
-    info = collect_device_info()
-    (console or Console()).print(device_table(info))
-    return info
 
 
 def best_precision(accelerator: str) -> str:
