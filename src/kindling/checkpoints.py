@@ -11,11 +11,6 @@ from fsspec.implementations.local import LocalFileSystem
 from kindling.config.errors import UserError
 
 
-def is_url(path: str | Path) -> bool:
-    """Whether `path` is in object storage (`s3://`, `gs://`, `memory://`; `file://` is local)."""
-    return fsspec.utils.get_protocol(str(path)) not in ("file", "local")
-
-
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
     """`torch.load(weights_only=True)` a checkpoint onto the CPU, from a file or an fsspec URL
     (its package, such as s3fs, installed), with one-line errors that name the intact checkpoints

@@ -39,6 +39,11 @@ def probe_writable(folder: Path) -> None:
         pass
 
 
+def is_url(path: str | Path) -> bool:
+    """Whether `path` is in object storage (`s3://`, `gs://`, `memory://`; `file://` is local)."""
+    return fsspec.utils.get_protocol(str(path)) not in ("file", "local")
+
+
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Each local checkpoint written with `write_atomically`: a process killed while writing
     leaves the previous `last.ckpt` whole (Lightning's writer stages it in /tmp and moves it: a

@@ -33,6 +33,7 @@ from kindling.config.config_tree import print_config_tree
 from kindling.config.errors import UserError, find_user_error, message
 from kindling.config.instantiate import build, check_arguments, instantiate_group
 from kindling.data.loaders import per_device_batch_size
+from kindling.files import is_url
 from kindling.hardware import best_precision
 from kindling.known_warnings import ignore_unhelpful_warnings
 from kindling.run import folder_lock, job_record, provenance, resumed, run_folder
@@ -270,8 +271,14 @@ def run_summary(trainer: L.Trainer, metrics: dict, run_dir: str | Path) -> str:
 
 
 def _best_checkpoint(trainer: L.Trainer) -> str | None:
+    """The best checkpoint of this fit, found again if its run folder was moved since."""
     callback = trainer.checkpoint_callback
     if not (callback and callback.best_model_path):
         rank_zero_warn("No best checkpoint was saved: testing the weights at the end of training.")
         return None
-    return callback.best_model_path
+    if is_url(callback.best_model_path):  # object storage: where it was written
+        return callback.best_model_path
+    best = Path(callback.best_model_path)
+    if not best.is_file():  # a resumed run whose folder moved: same file name, new folder
+        best = Path(callback.dirpath) / best.name
+    return str(best)

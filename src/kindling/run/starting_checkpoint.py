@@ -9,8 +9,9 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from kindling.checkpoints import is_url, read_checkpoint, without_compile_prefix
+from kindling.checkpoints import read_checkpoint, without_compile_prefix
 from kindling.config.errors import UserError
+from kindling.files import is_url
 from kindling.run.stored_overrides import LENGTH, key, run_overrides
 
 
