@@ -10,7 +10,8 @@ import pytest
 import torch
 from rich.console import Console
 
-from kindling.hardware import GIB, collect_device_info, print_device_report
+from kindling.device_report import print_device_report
+from kindling.hardware import GIB, collect_device_info
 from kindling.train import run
 
 from helpers import PYTHON, QUIET

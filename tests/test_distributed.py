@@ -14,8 +14,9 @@ import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 
 from kindling import train_checks as checks
+from kindling.config import resolvers
 from kindling.config.instantiate import build
-from kindling.run import hydra_ddp
+from kindling.run import job_record
 
 from helpers import PYTHON, QUIET, ROOT
 from helpers import train_py as run_train_py
@@ -94,7 +95,7 @@ def test_two_processes_test_every_sample_once_and_report_what_one_does(
 def test_job_environment_restores_what_the_launcher_set(monkeypatch) -> None:
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     monkeypatch.setenv("MASTER_PORT", "1234")
-    with hydra_ddp.job_environment():
+    with job_record.job_environment():
         monkeypatch.setenv("LOCAL_RANK", "0")
         monkeypatch.setenv("MASTER_PORT", "5678")
     assert "LOCAL_RANK" not in os.environ
@@ -111,7 +112,7 @@ def test_job_device_spreads_parallel_jobs_over_gpus(monkeypatch, job_num, gpus, 
     monkeypatch.setattr(
         HydraConfig, "get", staticmethod(lambda: OmegaConf.create({"job": {"num": job_num}}))
     )
-    assert hydra_ddp.job_device() == expected
+    assert resolvers.job_device() == expected
 
 
 @pytest.mark.slow

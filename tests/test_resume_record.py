@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from kindling.callbacks.plots import read_history
-from kindling.checkpoints import AtomicCheckpointIO
+from kindling.files import AtomicCheckpointIO
 from kindling.loggers.resumable_csv import ResumableCSVLogger
 from kindling.train import run
 

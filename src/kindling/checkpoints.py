@@ -1,4 +1,4 @@
-"""Checkpoint files: read safely from a path or a URL, written atomically."""
+"""Checkpoint files read safely, from a path or a URL (`kindling.files` writes them)."""
 
 import re
 from pathlib import Path
@@ -7,15 +7,8 @@ from typing import Any
 import fsspec
 import torch
 from fsspec.implementations.local import LocalFileSystem
-from lightning.fabric.plugins import TorchCheckpointIO
 
 from kindling.config.errors import UserError
-from kindling.files import write_atomically
-
-
-def is_url(path: str | Path) -> bool:
-    """Whether `path` is in object storage (`s3://`, `gs://`, `memory://`; `file://` is local)."""
-    return fsspec.utils.get_protocol(str(path)) not in ("file", "local")
 
 
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
@@ -75,18 +68,3 @@ def without_compile_prefix(state_dict: dict[str, Any]) -> dict[str, Any]:
     """Drop the `_orig_mod.` a `torch.compile` wrapper puts into parameter names, so a compiled
     net's weights load into a plain one."""
     return {re.sub(r"(^|\.)_orig_mod\.", r"\1", key): value for key, value in state_dict.items()}
-
-
-class AtomicCheckpointIO(TorchCheckpointIO):
-    """Write each local checkpoint to a new file beside it, synced, then rename it into place: a
-    process killed while writing leaves the previous `last.ckpt` whole. (Lightning's writer stages
-    it in /tmp and moves it: a copy, not atomic, across file systems.) Object-store URLs go to
-    Lightning's writer: one upload, which the store makes visible whole."""
-
-    def save_checkpoint(
-        self, checkpoint: dict, path: str | Path, storage_options: Any = None
-    ) -> None:
-        fs, local_path = fsspec.core.url_to_fs(str(path))
-        if storage_options is not None or not isinstance(fs, LocalFileSystem):
-            return super().save_checkpoint(checkpoint, path, storage_options)
-        write_atomically(Path(local_path), lambda file: torch.save(checkpoint, file), durable=True)

@@ -1,10 +1,6 @@
-"""Less time in Python's cyclic garbage collector for the processes kindling's entrypoints start.
-
-Importing torch, Lightning and Hydra creates about half a million objects that live as long as
-the process, which every full collection traverses again: seconds of a short run
-(`benchmarks/collector.py`). `gc.freeze` exempts them and costs nothing else (they are still
-freed by reference counts). A process that runs kindling in-process (pytest) keeps the defaults.
-"""
+"""Less time in Python's garbage collector: importing torch, Lightning and Hydra creates about
+half a million objects that live as long as the process, which every full collection traverses
+again (seconds of a short run: `benchmarks/collector.py`); `gc.freeze` exempts them."""
 
 import atexit
 import gc
@@ -26,6 +22,6 @@ def long_lived_imports() -> Iterator[None]:
 
 
 def skip_collections_at_exit() -> None:
-    """Exit without the collector's passes over every live object; atexit handlers, flushing
-    and reference counting still run. Registered first, the freeze runs after the others."""
+    """Exit without the collector's passes over every live object (registered first, the freeze
+    runs after the other atexit handlers)."""
     atexit.register(gc.freeze)

@@ -1,6 +1,5 @@
-"""What this machine offers for training: the device table (`python -m kindling.device_report`,
-and the `DeviceReport` callback), the `trainer=` option that fits it, and the fastest safe
-precision."""
+"""What this machine offers for training: the device table (`python -m kindling.device_report`),
+the `trainer=` option that fits it, and the fastest safe precision."""
 
 import os
 from dataclasses import dataclass, field
@@ -9,7 +8,6 @@ import pynvml
 import torch
 from lightning.fabric.accelerators.cuda import is_cuda_available
 from rich import box
-from rich.console import Console
 from rich.table import Table
 
 GIB = 1024**3
@@ -80,16 +78,10 @@ def device_table(info: DeviceInfo) -> Table:
     return table
 
 
-def print_device_report(console: Console | None = None) -> DeviceInfo:
-    info = collect_device_info()
-    (console or Console()).print(device_table(info))
-    return info
-
-
 def best_precision(accelerator: str) -> str:
-    """What `trainer.precision: null` trains in: bf16-mixed on GPUs with native bfloat16
-    (Ampere on, ROCm), 16-mixed on Volta and Turing (Lightning scales the loss), 32-true elsewhere
-    (CPUs, MPS, older GPUs, where float16 gains little). Of several GPUs the oldest decides."""
+    """What `trainer.precision: null` trains in: bf16-mixed on GPUs with native bfloat16 (Ampere
+    on, ROCm), 16-mixed on Volta and Turing, 32-true elsewhere. Of several GPUs the oldest
+    decides."""
     # Lightning counts the GPUs through NVML: no CUDA context, so strategy=ddp_fork can fork.
     if str(accelerator).lower() not in ("auto", "gpu", "cuda") or not is_cuda_available():
         return "32-true"
@@ -101,9 +93,8 @@ def best_precision(accelerator: str) -> str:
 
 
 def cuda_capabilities() -> list[tuple[int, int]]:
-    """Each visible GPU's compute capability, through NVML: torch would create a CUDA context,
-    after which a forked process cannot use CUDA. Where NVML cannot answer (Jetson, a MIG device
-    or a short UUID in CUDA_VISIBLE_DEVICES), torch does."""
+    """Each visible GPU's compute capability, through NVML (a CUDA context would keep ddp_fork
+    from forking); where NVML cannot answer (Jetson, MIG), through torch."""
     try:
         pynvml.nvmlInit()
         try:

@@ -75,9 +75,9 @@ def check_training_loader(trainer: lightning.Trainer) -> None:
 def continue_training_loader(
     trainer: lightning.Trainer, states: list[dict], adapt: Callable[[object, dict], dict | None]
 ) -> bool:
-    """Give the training loaders of a resumed fit their epoch, then the checkpoint's `states` as
-    `adapt(loader, state)` gives them, and a new iterator. False (nothing done) where `adapt`
-    gives None."""
+    """Give the training loaders of a resumed fit their epoch, the checkpoint's `states` (as
+    `adapt(loader, state)` gives them; False, nothing done, where it gives None) and a new
+    iterator."""
     check_sampler_epoch()
     check_training_loader(trainer)
     loop = trainer.fit_loop
@@ -131,8 +131,8 @@ def check_epoch_end_row(trainer: lightning.Trainer) -> None:
 
 
 def epoch_end_row(trainer: lightning.Trainer) -> tuple[dict[str, float], int] | None:
-    """The row, and its step, the Trainer logs when the training epoch ends, while the epoch's
-    end hooks (checkpoints) run before it; None at any other moment or when it logs nothing."""
+    """The row, and its step, the Trainer logs when the training epoch ends, after the epoch's
+    end hooks (checkpoints); None at any other moment or when it logs nothing."""
     check_epoch_end_row(trainer)
     progress = trainer.fit_loop.epoch_progress.current
     if not trainer.training or progress.processed == progress.completed:

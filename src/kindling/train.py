@@ -20,6 +20,7 @@ from lightning.pytorch.callbacks import (
     ModelSummary,
     ProgressBar,
 )
+from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -27,17 +28,15 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from kindling import train_checks as checks
 from kindling.callbacks.interrupt import CheckpointOnInterrupt
 from kindling.callbacks.resume import ResumeExactly
-from kindling.checkpoints import is_url
 from kindling.config import resolvers  # noqa: F401 - importing registers the resolvers
-from kindling.config.checks import check_model_fits_data
 from kindling.config.config_tree import print_config_tree
 from kindling.config.errors import UserError, find_user_error, message
 from kindling.config.instantiate import build, check_arguments, instantiate_group
 from kindling.data.loaders import per_device_batch_size
+from kindling.files import is_url
 from kindling.hardware import best_precision
 from kindling.known_warnings import ignore_unhelpful_warnings
-from kindling.loggers import trackers
-from kindling.run import folder_lock, hydra_ddp, job_record, provenance, resumed, run_folder
+from kindling.run import folder_lock, job_record, provenance, resumed, run_folder
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +46,6 @@ OmegaConf.register_new_resolver("run_stamp", run_folder.run_stamp, use_cache=Tru
 OmegaConf.register_new_resolver("sweep_dir", run_folder.sweep_folder, use_cache=True, replace=True)
 OmegaConf.register_new_resolver("run_dir", resumed.run_dir, replace=True)
 OmegaConf.register_new_resolver("hydra_subdir", resumed.hydra_subdir, replace=True)
-# trainer=gpu_per_job gives job N of a parallel sweep its own GPU: `devices: ${job_device:}`.
-OmegaConf.register_new_resolver("job_device", hydra_ddp.job_device, replace=True)
 
 
 class JobError(UserError, CompactHydraException):
@@ -58,16 +55,14 @@ class JobError(UserError, CompactHydraException):
 
 def run(cfg: DictConfig) -> float | None:
     """Train and/or test as `cfg` says; return the value of `cfg.optimized_metric` (or None).
-
-    Bad input ends a run with its message alone (exit code 1), printed by rank 0 (every rank
-    meets it); in a multirun it is raised (a SystemExit would end the sweep); with
-    HYDRA_FULL_ERROR=1 it is raised as it is, with its traceback."""
+    A UserError ends the run with its message alone (exit 1; raised in a multirun, whose other
+    jobs go on, and with HYDRA_FULL_ERROR=1)."""
     ignore_unhelpful_warnings()
     if HydraConfig.initialized():
         _log_through_hydra()
     previous_handler = _exit_on_sigterm()
     try:
-        with hydra_ddp.job_environment(), job_record.recorded_job(cfg.paths.output_dir):
+        with job_record.job_environment(), job_record.recorded_job(cfg.paths.output_dir):
             return train_and_test(cfg)
     except SIGTERMException as stop:
         # Lightning stopped at the end of a step; CheckpointOnInterrupt said where it saved
@@ -92,9 +87,8 @@ def run(cfg: DictConfig) -> float | None:
 
 
 def _exit_on_sigterm() -> Any:
-    """Outside training, validation and testing (where CheckpointOnInterrupt saves at the end of
-    the step), SIGTERM ends the run at once with 143 and a line saying so. Returns the handler
-    it replaced."""
+    """SIGTERM outside a stage (where CheckpointOnInterrupt stops at a step's end) exits at once
+    with 143, saying so. Returns the handler it replaced."""
 
     def stop(signum: int, frame: Any) -> None:
         log.warning("Stopped by SIGTERM outside training: nothing more was saved.")
@@ -107,9 +101,8 @@ def _exit_on_sigterm() -> Any:
 
 
 def _log_through_hydra() -> None:
-    """Lightning's messages and Python's warnings through Hydra's handlers (the console and the
-    run folder's train.log): Lightning gives its loggers a console handler of their own when it
-    is imported before logging is configured."""
+    """Lightning's messages and Python's warnings into Hydra's handlers (console and train.log):
+    Lightning imported before logging is configured gives itself a console handler."""
     for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
         library_log = logging.getLogger(name)
         for handler in [h for h in library_log.handlers if type(h) is logging.StreamHandler]:
@@ -136,7 +129,9 @@ def train_and_test(cfg: DictConfig) -> float | None:
         check_arguments(cfg.model, "model")  # with what the data filled in
         model: L.LightningModule = build(cfg.model, "model")
         if checkpoint is not None:  # the weights' shapes are known once the model is built
-            checks.check_weights_fit(checkpoint, model)
+            from kindling.run.starting_checkpoint import check_weights_fit
+
+            check_weights_fit(checkpoint, model)
     except UserError:
         resumed.forget_refused(cfg.paths.output_dir)
         raise
@@ -144,11 +139,14 @@ def train_and_test(cfg: DictConfig) -> float | None:
 
     rank_zero_info(f"Run folder: {cfg.paths.output_dir}")
     config = OmegaConf.to_container(cfg, resolve=True)
-    for key, logger in trackers.named(cfg.get("logger"), trainer.loggers):
-        with trackers.starting(key):  # Lightning calls loggers on rank 0 only
-            logger.log_hyperparams({**config, "provenance": provenance.summary(run_provenance)})
-            provenance.tag(run_provenance, [logger])
-        trackers.tolerate_failures(logger)
+    hparams = {**config, "provenance": provenance.summary(run_provenance)}
+    if all(isinstance(logger, CSVLogger) for logger in trainer.loggers):  # the run's own record
+        for logger in trainer.loggers:
+            logger.log_hyperparams(hparams)
+    else:
+        from kindling.loggers import trackers  # MLflow, W&B, TensorBoard, ...
+
+        trackers.start(cfg.get("logger"), trainer.loggers, hparams, run_provenance)
 
     if cfg.get("train"):
         trainer.fit(model=model, datamodule=datamodule, ckpt_path=checkpoint)
@@ -170,14 +168,9 @@ def train_and_test(cfg: DictConfig) -> float | None:
 
 
 def fill_in_from_data(data: DictConfig, datamodule: L.LightningDataModule) -> None:
-    """Write what only the data knows into the run's config before the model is built from it.
-
-    A data module that must read its files to know its class count, image shape or features
-    (a folder's class folders, a table's columns) says what they are in `describe()`, a dict of
-    `data.` keys; those its config leaves null are filled in: `model.net.num_classes:
-    ${data.num_classes}` then reads the real value, the saved config and the module's
-    hyperparameters hold it, and composing a config (`--cfg job`) reads no data.
-    """
+    """The `data.` keys the config leaves null, from the data module's `describe()` (a folder's
+    class count, a table's features): `${data.num_classes}` in the model's config then reads the
+    real value, and composing a config (`--cfg job`) reads no data."""
     describe = getattr(datamodule, "describe", None)
     if describe is None:
         return
@@ -188,9 +181,8 @@ def fill_in_from_data(data: DictConfig, datamodule: L.LightningDataModule) -> No
 
 
 def augment_images_only(data: DictConfig) -> None:
-    """Leave out the augment entries of data without images (data=streaming's default, flip_crop,
-    on a copy of sequences): they transform images, and the crop reads `data.image_shape`, null
-    there, which would stop the config from resolving."""
+    """Drop `data.augment` where the data has no images (data=streaming on sequences): the crop
+    reads the null `data.image_shape`, which would stop the config from resolving."""
     if data.get("augment") and data.get("image_shape") is None:
         with open_dict(data):
             del data["augment"]
@@ -202,9 +194,8 @@ def build_trainer(
     extra_callbacks: Sequence[Callback] = (),
     datamodule: L.LightningDataModule | None = None,
 ) -> L.Trainer:
-    """The Trainer of `cfg.trainer` with the configured loggers and callbacks, its null precision
-    and benchmark decided for this device and `datamodule`. (The benchmarks build theirs here
-    too, with a meter in `extra_callbacks`.)"""
+    """The Trainer of `cfg.trainer` with the configured loggers and callbacks (and, for the
+    benchmarks, `extra_callbacks`)."""
     decide_device_defaults(cfg.trainer, datamodule)
     loggers = instantiate_group(cfg.get("logger"), "logger")
     callbacks = [*instantiate_group(cfg.get("callbacks"), "callbacks"), *extra_callbacks]
@@ -212,9 +203,8 @@ def build_trainer(
         if isinstance(callback, ResumeExactly):  # the run's record: no YAML value holds it
             callback.config = OmegaConf.to_container(cfg, resolve=True)
             callback.provenance = run_provenance
-    # `trainer.enable_progress_bar=false` (and the like) turns off what these callbacks do:
-    # Lightning would refuse a progress bar or checkpoint callback beside it, and still run a
-    # model summary. LearningRateMonitor refuses to run without a logger.
+    # `trainer.enable_progress_bar=false` and the like drop their callbacks, which Lightning would
+    # refuse (or run anyway); LearningRateMonitor refuses to run without a logger.
     switched_off = {"enable_progress_bar": ProgressBar, "enable_model_summary": ModelSummary}
     switched_off |= {"enable_checkpointing": ModelCheckpoint}
     dropped = tuple(kind for flag, kind in switched_off.items() if cfg.trainer.get(flag) is False)
@@ -224,16 +214,15 @@ def build_trainer(
     callbacks.sort(key=lambda callback: isinstance(callback, CheckpointOnInterrupt))
     trainer = build(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False)
     if trainer.world_size > 1 and HydraConfig.initialized():
-        # Lightning starts the extra ranks: as single runs of this job, in its folder.
+        from kindling.run import hydra_ddp  # Lightning starts the extra ranks: as runs of this job
+
         hydra_ddp.install()
     return trainer
 
 
 def decide_device_defaults(trainer: DictConfig, datamodule: L.LightningDataModule | None) -> None:
-    """Fill in the trainer's null `precision` and `benchmark` (configs/trainer/default.yaml), so
-    that the run's recorded config says what it trained with. Decided here, not while the config
-    is composed: the precision reads the GPU through NVML (no CUDA context, so ddp_fork can still
-    fork), and cudnn.benchmark follows the data module's `fixed_batch_shapes`."""
+    """Fill in a null `precision` (for this device) and `benchmark` (on where the data module's
+    batches have `fixed_batch_shapes`), so the recorded config says what the run trained with."""
     with open_dict(trainer):
         if trainer.get("precision") is None:
             trainer.precision = best_precision(trainer.get("accelerator", "auto"))
@@ -245,7 +234,7 @@ def decide_device_defaults(trainer: DictConfig, datamodule: L.LightningDataModul
 def _check(cfg: DictConfig) -> str | None:
     """Fail on bad input before any work; return the checkpoint file to start from, if any."""
     folder_lock.hold(cfg.paths.output_dir)  # first: a folder in use is refused for that alone
-    check_model_fits_data(cfg)
+    checks.check_model_fits_data(cfg)
     checks.check_seed(cfg.get("seed"))
     # Every object's config against its target's signature, before anything is built (the
     # model's once the data has filled in what only it knows: fill_in_from_data).
@@ -253,24 +242,20 @@ def _check(cfg: DictConfig) -> str | None:
         check_arguments(cfg.get(group), group)
     checks.check_accelerator(cfg.trainer)
     checks.check_launched_processes(cfg.trainer)
-    trackers.check_tracking_uri(cfg.get("logger"))
+    checks.check_tracking_uri(cfg.get("logger"))
     if "batch_size" in cfg.data:
         per_device_batch_size(cfg.data.batch_size, checks.requested_world_size(cfg.trainer))
-    runs_dir = Path(cfg.paths.log_dir) / cfg.task_name / "runs"
-    overrides = HydraConfig.get().overrides.task if HydraConfig.initialized() else None
-    checkpoint = resumed.resolve_checkpoint(cfg.get("ckpt_path"), runs_dir, overrides)
-    if checkpoint is not None:
-        stored = checks.check_checkpoint(checkpoint, cfg.model)
-        if cfg.get("train"):
-            checks.check_training_left(stored, checkpoint, cfg.trainer)
-    elif not cfg.get("train") and cfg.get("test"):
+    if cfg.get("ckpt_path") is not None:
+        from kindling.run.starting_checkpoint import checked_checkpoint
+
+        return checked_checkpoint(cfg)
+    if not cfg.get("train") and cfg.get("test"):
         raise UserError("train=false tests a checkpoint: give it with ckpt_path=<file>.")
-    return str(checkpoint) if checkpoint is not None else None
+    return None
 
 
 def run_summary(trainer: L.Trainer, metrics: dict, run_dir: str | Path) -> str:
-    """What came of the run: the best checkpoint and its score, the test metrics, the pictures,
-    the run folder."""
+    """The best checkpoint and its score, the test metrics, the pictures, the run folder."""
     lines = []
     callback = trainer.checkpoint_callback
     if callback is not None and callback.best_model_path and callback.best_model_score is not None:

@@ -1,18 +1,28 @@
-"""What `kindling.train` checks before anything is built, beyond each object's arguments: the
-machine, the launch and the checkpoint a run starts from. Each fails with one line and the fix."""
+"""What `kindling.train` checks before anything is built, beyond each object's arguments: that
+the model fits the data, the machine, the launch, a tracker's store (the checkpoint:
+`kindling.run.starting_checkpoint`). Each fails with one line and the fix."""
 
 import os
-from pathlib import Path
-from typing import Any
 
 import torch
 from hydra.core.hydra_config import HydraConfig
 from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
 from omegaconf import DictConfig
 
-from kindling.checkpoints import is_url, read_checkpoint, without_compile_prefix
 from kindling.config.errors import UserError
-from kindling.run import stored_overrides
+
+
+def check_model_fits_data(cfg: DictConfig) -> None:
+    """A classifier needs classes: `experiment=charlm model=lstm` names the image classifier's
+    LSTM on a text corpus, which has no `num_classes` to give it."""
+    if "num_classes" not in cfg.model or "num_classes" in cfg.data:
+        return
+    choices = HydraConfig.get().runtime.choices if HydraConfig.initialized() else {}
+    model, data = choices.get("model", "<option>"), choices.get("data", "<option>")
+    raise UserError(
+        f"model={model} is a classifier, and data={data} has no classes. For a language model "
+        "use model=lm/<family>: model=lm/rnn, model=lm/lstm or model=lm/transformer."
+    )
 
 
 def check_seed(seed: object) -> None:
@@ -22,9 +32,8 @@ def check_seed(seed: object) -> None:
 
 
 def requested_world_size(trainer: DictConfig) -> int:
-    """How many processes the trainer config asks for (devices x nodes): `devices: auto` on GPUs
-    counts the visible ones; a strategy that names its devices (trainer=ddp_one_gpu) runs one
-    process for each."""
+    """How many processes the trainer config asks for (devices x nodes; `auto` on GPUs counts the
+    visible ones; a strategy that names its devices runs one process for each)."""
     nodes = int(trainer.get("num_nodes", 1))
     strategy = trainer.get("strategy")
     if isinstance(strategy, DictConfig) and strategy.get("parallel_devices"):
@@ -45,8 +54,8 @@ def requested_world_size(trainer: DictConfig) -> int:
 
 
 def check_accelerator(trainer: DictConfig) -> None:
-    """A GPU config on a machine without one, or more devices than the machine has: refused
-    before the data is read (Lightning refuses it once the data and model are built)."""
+    """A GPU config on a machine without one, or more devices than it has: refused before the data
+    is read, not once the data and model are built."""
     accelerator = str(trainer.get("accelerator", "auto")).lower()
     devices = trainer.get("devices", 1)
     if accelerator in ("gpu", "cuda"):
@@ -75,9 +84,8 @@ def check_accelerator(trainer: DictConfig) -> None:
 
 
 def check_launched_processes(trainer: DictConfig) -> None:
-    """`trainer.num_nodes` and `trainer.devices` say how many processes srun or torchrun started
-    (Lightning joins those, looking for SLURM first, as here): otherwise the ranks wait for
-    processes that never come, or Lightning stops once the data and model are built."""
+    """`trainer.num_nodes` x `trainer.devices` are the processes srun or torchrun started:
+    otherwise the ranks wait for processes that never come."""
     env = os.environ
     if SLURMEnvironment.detect():
         launcher, nodes = "srun", int(env.get("SLURM_NNODES", "1"))
@@ -98,76 +106,17 @@ def check_launched_processes(trainer: DictConfig) -> None:
         )
 
 
-def check_checkpoint(path: Path | str, model: DictConfig) -> dict[str, Any]:
-    """The checkpoint exists, is one, and was written for the same kind of net; returns it."""
-    checkpoint = read_checkpoint(path)
-    stored = checkpoint.get("config", {}).get("model", {}).get("net", {}).get("_target_")
-    wanted = model.get("net", {}).get("_target_")
-    if stored and wanted and stored != wanted:
-        raise UserError(
-            f"{path} holds a {stored.rsplit('.', 1)[-1]}, but this run builds a "
-            f"{wanted.rsplit('.', 1)[-1]}. Choose the matching model= option, or another ckpt_path."
-        )
-    return checkpoint
-
-
-def check_weights_fit(path: Path | str, model: torch.nn.Module) -> None:
-    """The checkpoint's weights have the shapes of the built model's: else Lightning stops in the
-    middle of loading them, with a long traceback. Weights the model has not built yet (a
-    language model's net, built from the data) are left to the model."""
-    checkpoint = read_checkpoint(path)  # mapped from disk, not read: checked before at no cost
-    built = model.state_dict()
-    for name, weights in without_compile_prefix(checkpoint["state_dict"]).items():
-        if name in built and tuple(weights.shape) != tuple(built[name].shape):
-            break
-    else:
-        return
-    stored = (checkpoint.get("provenance") or {}).get("overrides") or []
-    given = HydraConfig.get().overrides.task if HydraConfig.initialized() else []
-    trained_with = [
-        o
-        for o in stored
-        if o not in given and stored_overrides.key(o) not in stored_overrides.LENGTH
-    ]
-    was = f" Its run had {' '.join(trained_with)}." if trained_with else ""
-    raise UserError(
-        f"{path} does not fit this config's model: model.{name}: checkpoint "
-        f"{list(weights.shape)}, this config {list(built[name].shape)}.{was} Resume with the "
-        "overrides it was trained with (ckpt_path=<file> alone restores them), or start a new run."
-    )
-
-
-def check_training_left(checkpoint: dict[str, Any], path: Path | str, trainer: DictConfig) -> None:
-    """Resuming a checkpoint whose training has ended (at `trainer.max_epochs`, or max_steps)
-    would fit nothing, then test again and record the test alone: refused, with how to go on."""
-    epochs = checkpoint["loops"]["fit_loop"]["epoch_progress"]["current"]["processed"]
-    steps = checkpoint["global_step"]
-    max_epochs, max_steps = trainer.get("max_epochs"), trainer.get("max_steps", -1)
-    if max_epochs is None and max_steps == -1:
-        max_epochs = 1000  # Lightning's default
-    if max_epochs not in (None, -1) and epochs >= max_epochs:
-        done = f"its checkpoint has {epochs} epochs of trainer.max_epochs={max_epochs}"
-        further = f"trainer.max_epochs={2 * max(epochs, 1)}"
-    elif max_steps != -1 and steps >= max_steps:
-        done = f"its checkpoint has {steps} steps of trainer.max_steps={max_steps}"
-        further = f"trainer.max_steps={2 * max_steps}"
-    else:
-        return
-    best = _best_checkpoint(checkpoint, path) or "<checkpoint>"
-    raise UserError(
-        f"{path} has finished training: {done}. To train further, resume with a larger "
-        f"{further}; to test it again (in a folder of its own), train=false ckpt_path={best}."
-    )
-
-
-def _best_checkpoint(checkpoint: dict[str, Any], path: Path | str) -> Path | None:
-    """The best checkpoint of the run that saved `checkpoint` (at `path`), found in `path`'s
-    folder (the run folder may have moved since), or None."""
-    if is_url(path):
-        return None
-    for key, state in checkpoint.get("callbacks", {}).items():
-        if key.startswith("ModelCheckpoint") and state.get("best_model_score") is not None:
-            best = Path(path).parent / Path(state["best_model_path"]).name
-            if best.is_file():
-                return best
-    return None
+def check_tracking_uri(loggers: DictConfig | None) -> None:
+    """MLflow with neither a tracking URI nor a folder falls back to a store MLflow 3 refuses."""
+    for name, entry in (loggers or {}).items():
+        if (
+            entry is not None
+            and str(entry.get("_target_", "")).endswith("MLFlowLogger")
+            and entry.get("tracking_uri") is entry.get("save_dir") is None
+            and not os.environ.get("MLFLOW_TRACKING_URI")
+        ):
+            raise UserError(
+                f"logger.{name}.tracking_uri is null and MLFLOW_TRACKING_URI is not set: set one, "
+                f"e.g. logger.{name}.tracking_uri=http://<host>:5000 (a server) or "
+                f"sqlite:///logs/mlflow.db (a file)."
+            )

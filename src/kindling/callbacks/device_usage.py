@@ -12,9 +12,8 @@ from kindling.hardware import GIB, collect_device_info, device_table
 
 
 class DeviceReport(Callback):
-    """Rank 0 prints the device table (`python -m kindling.device_report`) once, at the start of
-    the first stage. On CUDA, each stage's peak memory allocated (tensors) and reserved (the
-    caching allocator: what `nvidia-smi` counts), the maximum over ranks, is printed and, with
+    """Rank 0 prints the device table once; on CUDA, each stage's peak memory allocated and
+    reserved (what `nvidia-smi` counts), the busiest rank's, is printed and, with
     `log_peak_memory`, logged as `gpu/<stage>_peak_allocated_gib` and `..._reserved_gib`."""
 
     def __init__(self, log_peak_memory: bool = True):

@@ -15,9 +15,8 @@ class DivergenceError(UserError):
 
 class StopOnDivergence(Callback):
     """Raise `DivergenceError` when the training loss is NaN or inf, checked every
-    `check_every_n_steps` steps and at epoch ends: one host sync per check, none between (a
-    diverged loss stays NaN). The ranks reduce one flag per check and stop at the same step: one
-    that stopped alone would leave the others waiting in the next all-reduce."""
+    `check_every_n_steps` steps and at epoch ends (one host sync per check). The ranks reduce
+    one flag and stop together: one that stopped alone would leave the others waiting."""
 
     def __init__(self, check_every_n_steps: int = 50):
         self.check_every_n_steps = check_every_n_steps

@@ -1,10 +1,8 @@
-"""Save a resumable checkpoint when SIGTERM (clusters) or Ctrl-C stops a run, and requeue a SLURM
-job that SLURM warns with SIGUSR1 (time limit, preemption)."""
+"""A resumable checkpoint when SIGTERM (clusters), Ctrl-C or SLURM's SIGUSR1 stops a run."""
 
 import os
 import shlex
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -15,22 +13,17 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 
 class CheckpointOnInterrupt(Callback):
     """On SIGTERM, Ctrl-C (or SIGUSR1 in a SLURM job) during fit, write `filename` at the end of
-    the current step; the run exits with 128 + the signal. Outside fit it stops with no checkpoint.
-
-    The signal only raises a flag; the ranks agree at each step's end whether any was signalled
-    and all stop there together. Lightning's handler broadcasts from inside the signal handler,
-    which can deadlock the ranks (internals.py). A second Ctrl-C stops at once, unsaved. A signal
-    during fit's validation waits for it to end, so a resumed run never skips it. In a SLURM job
-    the checkpoint is `<run folder>/hpc_ckpt_<n>.ckpt`, which Lightning resumes from when the job
-    starts again, and SIGUSR1 requeues the job. A rank that goes `exit_within_s` without ending a
-    step once signalled (a dead peer) exits, with the ranks it started.
-    """
+    the step (SLURM: `hpc_ckpt_<n>.ckpt`, and SIGUSR1 requeues); the run exits with 128 + the
+    signal. The signal only raises a flag: at each step's end the ranks agree whether any was
+    signalled (Lightning's handler broadcasts inside the handler, which can deadlock them). A
+    second Ctrl-C stops at once; a signal in fit's validation waits for its end; a rank that goes
+    `exit_within_s` without ending a step once signalled (a dead peer) exits."""
 
     def __init__(self, filename: str = "last.ckpt", exit_within_s: float = 300.0):
         self.filename = filename
@@ -43,8 +36,8 @@ class CheckpointOnInterrupt(Callback):
         self._held = False  # a stop held until the validation it came in ends
 
     def _install(self, trainer: L.Trainer) -> None:
-        """Take SIGTERM over from Lightning's handler, in place while a stage runs (Lightning puts
-        back its predecessor), Ctrl-C unless ignored, and SIGUSR1 in a SLURM job."""
+        """Take over SIGTERM from Lightning's handler while a stage runs, Ctrl-C unless ignored,
+        and SIGUSR1 in a SLURM job."""
         current = signal.getsignal(signal.SIGTERM)
         if current in (self._on_signal, signal.SIG_DFL, None):
             return
@@ -146,7 +139,9 @@ class CheckpointOnInterrupt(Callback):
             self._deadline = None
             return
         self._deadline = time.monotonic() + self.exit_within_s  # every rank saves together
-        if SLURMEnvironment.detect():
+        if on_slurm := SLURMEnvironment.detect():
+            from kindling.run.slurm import next_hpc_checkpoint, requeue
+
             self.saved_path = next_hpc_checkpoint(trainer.default_root_dir)
         else:
             folder = getattr(trainer.checkpoint_callback, "dirpath", None)
@@ -155,7 +150,7 @@ class CheckpointOnInterrupt(Callback):
             self.saved_path = f"{folder.rstrip('/')}/{self.filename}"
         trainer.save_checkpoint(self.saved_path)
         self._deadline = None  # saved: the run ends as it should
-        if SLURMEnvironment.detect():
+        if on_slurm:
             # SIGTERM comes from SLURM itself (scontrol requeue requeues; scancel does not).
             if self.stopped_by == signal.SIGUSR1 and trainer.is_global_zero:
                 requeue(self.saved_path)
@@ -165,23 +160,3 @@ class CheckpointOnInterrupt(Callback):
             f"Checkpoint: {self.saved_path}\n"
             f"Resume with: python train.py {shlex.quote(f'ckpt_path={self.saved_path}')}"
         )
-
-
-def next_hpc_checkpoint(run_dir: str | Path) -> str:
-    """`<run_dir>/hpc_ckpt_<n>.ckpt`, n above any there: Lightning resumes a SLURM job from the
-    highest when it starts with no `ckpt_path`."""
-    taken = [int(p.stem.rpartition("_")[2]) for p in Path(run_dir).glob("hpc_ckpt_*.ckpt")]
-    return str(Path(run_dir) / f"hpc_ckpt_{max(taken, default=0) + 1}.ckpt")
-
-
-def requeue(checkpoint: str) -> None:
-    """Put this SLURM job (or array task) back in the queue."""
-    job = os.environ["SLURM_JOB_ID"]
-    if "SLURM_ARRAY_JOB_ID" in os.environ:
-        job = f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
-    done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
-    if done.returncode == 0:
-        rank_zero_info(f"Requeued SLURM job {job}: it resumes from {checkpoint}.")
-    else:
-        why = done.stderr.strip()
-        rank_zero_warn(f"Could not requeue SLURM job {job} ({why}): resume, ckpt_path={checkpoint}")

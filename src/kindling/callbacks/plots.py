@@ -63,13 +63,9 @@ def confusion_matrix_figure(confmat: torch.Tensor) -> Figure:
 class RunPlots(Callback):
     """`curves_file` (learning curves of `metrics`, logged as `train/<name>`, `val/<name>`) at
     the end of fit; `confusion_matrix_file` (PNG and CSV) after test, for a module with
-    `hparams.num_classes` (or `num_classes` here) and batches `(inputs, targets)`.
-
-    Epoch values are read from `trainer.callback_metrics` once per epoch; the history travels in
-    checkpoints and is completed from metrics.csv, so a resumed run plots the whole run. The
-    confusion matrix is updated on the device and reduced across ranks. Rank 0 writes the files,
-    into `output_dir` (default: the trainer's folder), and adds them to a TensorBoardLogger.
-    """
+    `hparams.num_classes` (or `num_classes` here). The history travels in checkpoints and is
+    completed from metrics.csv, so a resumed run plots the whole run. Rank 0 writes the files
+    into `output_dir` (default: the trainer's folder), and to a TensorBoardLogger."""
 
     def __init__(
         self,

@@ -1,6 +1,5 @@
-"""What makes a checkpoint self-contained and a run resumed from it exact, beyond the weights and
-loop state Lightning saves: the run's config and provenance, the random number generators, the
-training loader's position, and the rows of the run's metrics the checkpoint covers."""
+"""A checkpoint that rebuilds its model alone, and a run resumed from it, mid-epoch too, that goes
+on as if it had never stopped."""
 
 import random
 from typing import Any
@@ -14,8 +13,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 
 def rng_states() -> dict[str, Any]:
-    """Python, NumPy and torch generator states; "cuda" holds this process's GPU's only (a DDP
-    rank draws from its own GPU)."""
+    """Python, NumPy and torch generator states; "cuda" holds this process's GPU's only."""
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     return {
         "python": random.getstate(),
@@ -38,19 +36,16 @@ def set_rng_states(states: dict[str, Any]) -> None:
 
 
 class ResumeExactly(Callback):
-    """A checkpoint that rebuilds its model alone, and a run resumed from it, mid-epoch too, that
-    goes on as if it had never stopped.
+    """Beyond the weights and loops Lightning saves:
 
-    - Each checkpoint holds `config` and `provenance` (`kindling.run.provenance`; kindling.train
-      sets both) as plain containers, which `weights_only` loads, and the generators' states.
-    - The training loader gets the checkpoint's state at the start of training: Lightning gives
-      it only to a loader made after the checkpoint is loaded, and kindling's schedulers make it
-      before (internals.py). A DataLoader with another number of workers (torchdata refuses its
-      state) gets its sampler's. The generators get theirs last, before the first step.
-    - Resuming a fit (`ckpt_path=` or SLURM's requeue) tells each logger that keeps a record
-      (`continue_after`: `ResumableCSVLogger`) where the checkpoint was saved; before each
-      checkpoint the logger puts the rows it covers on disk, the epoch's train row too, which
-      Lightning logs only after the checkpoint (internals.py).
+    - each checkpoint holds the run's `config` and `provenance` (kindling.train sets both) as
+      plain containers, which `weights_only` loads, and the random generators' states;
+    - the training loader gets the checkpoint's position at the start of training (Lightning
+      gives it only to a loader made after the checkpoint is loaded, and the schedulers make it
+      before); a DataLoader with another worker count gets its sampler's;
+    - a logger that keeps a record (`ResumableCSVLogger`) is told where a resumed fit continues,
+      and puts the rows a checkpoint covers on disk before it, the epoch's train row too, which
+      Lightning logs only after the checkpoint.
     """
 
     def __init__(self, config: dict | None = None, provenance: dict | None = None) -> None:
@@ -102,8 +97,7 @@ class ResumeExactly(Callback):
 
 
 def _as_loader_takes(loader: object, state: dict[str, Any]) -> dict[str, Any] | None:
-    """`state` as `loader` takes it; None if the other kind of loader saved it (a
-    `DeviceTensorLoader`, or a DataLoader)."""
+    """`state` as `loader` takes it; None if the other kind of loader saved it."""
     from torchdata.stateful_dataloader import StatefulDataLoader
 
     from kindling.data.device_loader import DeviceTensorLoader

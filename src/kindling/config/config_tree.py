@@ -36,8 +36,8 @@ def config_tree(cfg: DictConfig) -> rich.tree.Tree:
 def print_config_tree(
     cfg: DictConfig, save_dir: str | Path | None = None, to_console: bool = False
 ) -> None:
-    """Save the resolved config as a tree, `config_tree.log` (rank 0 only), beside Hydra's
-    `.hydra/config.yaml` which keeps the `${...}`; print it with `to_console`, else say where."""
+    """Save the resolved config as a tree in `config_tree.log` (Hydra's `.hydra/config.yaml` keeps
+    the `${...}`); print it with `to_console`, else say where."""
     tree = config_tree(cfg)
     if to_console or save_dir is None:
         Console().print(tree)

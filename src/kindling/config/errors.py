@@ -17,9 +17,8 @@ def find_user_error(error: BaseException) -> UserError | None:
 
 
 def message(error: UserError) -> str:
-    """`error`'s own message. One raised in a DataLoader worker reaches the main process as a new
-    error of its class whose message is the worker's traceback ("Caught UserError in DataLoader
-    worker process 0. Original Traceback ..."), ending with the line `<class>: <message>`."""
+    """`error`'s own message, also of one raised in a DataLoader worker (whose message is then the
+    worker's traceback, ending with the line `<class>: <message>`)."""
     text = str(error)
     if text.startswith("Caught ") and " in DataLoader worker process " in text:
         return text.rstrip().splitlines()[-1].partition(": ")[2]

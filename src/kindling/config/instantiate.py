@@ -1,12 +1,7 @@
-"""Build objects from config, each config checked against its target's signature first.
-
-`check_arguments`, before anything is built, binds each `_target_`'s config to its signature: a
-target that does not exist, an argument it does not take, one it needs and is not given, or a
-plain value a simple hint refuses (a number, bool, None, `Literal` choice, list) is one line
-naming the key. `build` instantiates: a value the target refuses (`ValueError`, Lightning's
-`MisconfigurationException`) or a missing package is one line, the key and the library's own
-message. Anything else (a bug in a constructor or in `forward`) keeps its traceback.
-"""
+"""Build objects from config, each config checked against its target's signature first: a
+missing target, an unknown or missing argument, or a value a simple hint refuses is one line
+naming the key; so is a value the target refuses when built (the library's own message) or a
+missing package. Anything else (a bug in a constructor) keeps its traceback."""
 
 import functools
 import importlib
@@ -32,9 +27,9 @@ REFUSALS = (ValueError, MisconfigurationException, ImportError)
 
 
 def build(node: DictConfig, key: str, **kwargs: Any) -> Any:
-    """`instantiate(node)` with its nested objects built first, each under its own key, so a
-    refusal names the object that refused; a `_partial_: true` one becomes a `ConfigFactory`.
-    `_convert_="all"`: plain lists and dicts, which checkpoints load with `weights_only=True`."""
+    """`instantiate(node)`, its nested objects built first so that a refusal names the one that
+    refused; a `_partial_: true` one becomes a `ConfigFactory`. Plain lists and dicts
+    (`_convert_="all"`): checkpoints load them with `weights_only=True`."""
     if node.get("_recursive_", True):
         for name, child in node.items():
             if name not in kwargs and isinstance(child, DictConfig) and "_target_" in child:
@@ -61,16 +56,15 @@ def build(node: DictConfig, key: str, **kwargs: Any) -> Any:
 
 
 def instantiate_group(group: DictConfig | None, key: str) -> list[Any]:
-    """Build every entry of `{name: {_target_: ...}}` (callbacks, loggers); a null entry
-    (`callbacks.early_stopping=null`) is off."""
+    """Every entry of `{name: {_target_: ...}}` (callbacks, loggers) but the null ones."""
     return [
         build(entry, f"{key}.{name}") for name, entry in (group or {}).items() if entry is not None
     ]
 
 
 class ConfigFactory(functools.partial):
-    """A `_partial_: true` object of the config at `key`: a value refused when it is called
-    (`model.optimizer.lr=-1`, inside `trainer.fit`) names its key."""
+    """A `_partial_: true` object at `key`: a value refused when it is called (inside
+    `trainer.fit`) names its key."""
 
     key: str
     target: str
@@ -96,7 +90,7 @@ def refused(error: BaseException, key: str, target: str) -> UserError:
 
 
 def check_arguments(node: Any, key: str) -> None:
-    """Bind every object's config under `node` to its target's signature (see the top)."""
+    """Bind every object's config under `node` to its target's signature."""
     if not isinstance(node, DictConfig):
         return
     if "_target_" not in node:
@@ -158,9 +152,8 @@ def locate(path: Any, key: str) -> Any:
 
 
 def _signature(target: Any) -> tuple[dict[str, inspect.Parameter], bool, list[str]]:
-    """The named arguments `target` takes, whether it takes any other name, and those it needs.
-    A class's arguments are its `__init__`'s and, while that passes `**kwargs` on, its parents'
-    (DigitsDataModule -> InMemoryImageDataModule); its own needed ones only."""
+    """The named arguments `target` takes, whether it takes any other name, and those it needs;
+    a class's `__init__` that passes `**kwargs` on takes its parents' too."""
     functions = [target]
     if isinstance(target, type):
         functions = [c.__init__ for c in target.__mro__ if "__init__" in vars(c)]
@@ -183,8 +176,7 @@ def _signature(target: Any) -> tuple[dict[str, inspect.Parameter], bool, list[st
 
 
 def _has_type(value: Any, hint: Any) -> bool:
-    """Whether a plain YAML value has type `hint`; True where the hint is not simple to judge
-    (a string, a path, a class: the target's own code judges it)."""
+    """Whether a plain YAML value has type `hint`; True where the hint is not simple to judge."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (typing.Union, UnionType):
         return any(_has_type(value, a) for a in args)

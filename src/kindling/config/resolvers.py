@@ -1,8 +1,10 @@
-"""The resolvers the configs use (`${name:...}`), registered when this module is imported; those
-of the run folders are `kindling.train`'s."""
+"""The resolvers the configs use (`${name:...}`), registered on import (the run folders':
+`kindling.train`)."""
 
 from typing import Any
 
+import torch
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import ListConfig, OmegaConf
 
 from kindling.config.errors import UserError
@@ -10,8 +12,7 @@ from kindling.config.errors import UserError
 
 def pretrained_input(key: str, default: Any, *, _root_: Any) -> Any:
     """`size`, `mean` or `std` of a pretrained timm net's input (`model=timm` with
-    `model.net.pretrained` or a `pretrained_file`), else `default`: the data config's defaults
-    follow the net's pretrained configuration."""
+    `model.net.pretrained` or a `pretrained_file`), else `default`."""
     net = OmegaConf.select(_root_, "model.net", default=None)
     if net is None or net.get("_target_") != "kindling.models.timm_net.TimmClassifier":
         return default
@@ -26,8 +27,7 @@ def pretrained_input(key: str, default: Any, *, _root_: Any) -> Any:
 
 
 def device_count(devices: Any) -> int:
-    """trainer.devices as a number: SLURM allocates GPUs before the job runs, so before
-    `devices: auto` could count them (on a login node there are none to count)."""
+    """trainer.devices as a number: SLURM allocates GPUs before `devices: auto` could count them."""
     if isinstance(devices, ListConfig):
         return len(devices)
     if isinstance(devices, int) and not isinstance(devices, bool) and devices > 0:
@@ -39,18 +39,23 @@ def device_count(devices: Any) -> int:
 
 
 def gpu_count(accelerator: Any, devices: Any) -> int | None:
-    """The GPUs per node hydra/launcher=slurm asks for: trainer.devices where the trainer trains
-    on GPUs (`auto` takes the GPUs a job has), none (no `--gpus-per-node`) on CPUs."""
+    """The GPUs per node hydra/launcher=slurm asks for: trainer.devices on GPUs, None on CPUs."""
     return device_count(devices) if accelerator in ("gpu", "cuda", "auto") else None
 
 
-# data=image_folder counts its classes: `num_classes: ${class_count:${data.path}}`; the augment
-# group pads crops by an eighth of the image size: `${div:${data.image_shape.1},8}`.
+def job_device() -> list[int]:
+    """This job's device in a parallel sweep (`trainer=gpu_per_job`): job number mod devices."""
+    job_num = HydraConfig.get().job.get("num", 0) or 0 if HydraConfig.initialized() else 0
+    return [job_num % max(torch.cuda.device_count(), 1)]
+
+
+# The augment group pads crops by an eighth of the image size: `${div:${data.image_shape.1},8}`.
 OmegaConf.register_new_resolver("div", lambda a, b: int(a) // int(b), replace=True)
 # hydra/launcher=slurm asks for `${device_count:${trainer.devices}}` tasks per node and
 # `${gpu_count:${trainer.accelerator},${trainer.devices}}` GPUs.
 OmegaConf.register_new_resolver("device_count", device_count, replace=True)
 OmegaConf.register_new_resolver("gpu_count", gpu_count, replace=True)
-# data=image_folder's size and statistics follow a pretrained timm net:
-# `mean: ${pretrained_input:mean,null}`.
+# trainer=gpu_per_job gives job N of a parallel sweep its own GPU: `devices: ${job_device:}`.
+OmegaConf.register_new_resolver("job_device", job_device, replace=True)
+# data=image_folder's size and statistics follow a pretrained timm net: `${pretrained_input:...}`.
 OmegaConf.register_new_resolver("pretrained_input", pretrained_input, replace=True)

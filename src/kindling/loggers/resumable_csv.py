@@ -21,13 +21,10 @@ Row = tuple[dict[str, Any], int]  # a row Lightning is still to log, and its ste
 
 class ResumableCSVLogger(CSVLogger):
     """`metrics.csv` holds every epoch of a run once, however often it was resumed or killed.
-
-    Training resumed from a checkpoint (`ResumeExactly` calls `continue_after`) keeps the
-    rows the checkpoint covers, drops those logged after it (the resumed run logs them again),
-    and appends; a new run replaces the file, as Lightning's does. Every row a checkpoint covers
-    is on disk before the checkpoint (`save_before_checkpoint`), and the file is only appended
-    to or replaced whole. A resumed run's hparams go to `hparams_resumed_<n>.yaml`.
-    """
+    Training resumed from a checkpoint (`ResumeExactly` calls `continue_after`) keeps the rows
+    the checkpoint covers and appends; every row a checkpoint covers is on disk before it
+    (`save_before_checkpoint`); the file is only appended to or replaced whole. A resumed run's
+    hparams go to `hparams_resumed_<n>.yaml`."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -133,12 +130,8 @@ class ContinuingWriter(ExperimentWriter):
 
 
 def _logged_until(row: dict[str, str], epoch: int, step: int) -> bool:
-    """Whether a row was logged before a checkpoint saved in `epoch` at global step `step`.
-
-    Test rows stay (training never logs them again). A row with an epoch is covered up to the
-    checkpoint's step in its epoch; one without (LearningRateMonitor's) names the step it
-    precedes, so only rows before the checkpoint's step are.
-    """
+    """Whether a row was logged before a checkpoint saved in `epoch` at global step `step`. Test
+    rows stay; a row without an epoch (LearningRateMonitor's) names the step it precedes."""
     if any(value and name.startswith("test/") for name, value in row.items()):
         return True
     row_step = int(float(row["step"])) if row.get("step") else 0

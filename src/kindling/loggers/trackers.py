@@ -1,21 +1,20 @@
-"""Trackers (MLflow, W&B, TensorBoard, any Lightning Logger) record a run; they do not carry it.
-
-One that fails before training stops the run in one line naming it; one that fails during the
-run is warned about in one line and left out, while training, checkpoints and the CSV history
-(the run's own record, never left out) go on.
-"""
+"""Trackers (MLflow, W&B, TensorBoard, any Lightning Logger) record a run; they do not carry it:
+one that fails before training stops the run in one line naming it; one that fails during the
+run is warned about in one line and left out, while training and the CSV history go on. Loaded
+by runs that have one (the CSV logger alone is the run's own record)."""
 
 import functools
 import logging
-import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from lightning.pytorch.loggers import CSVLogger, Logger
+from lightning.pytorch.loggers import CSVLogger, Logger, MLFlowLogger
+from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig
 
 from kindling.config.errors import UserError
+from kindling.run.provenance import NO_GIT
 
 log = logging.getLogger(__name__)
 
@@ -23,28 +22,31 @@ log = logging.getLogger(__name__)
 WRITES = "log_hyperparams", "log_metrics", "log_graph", "save", "finalize", "after_save_checkpoint"
 
 
-def check_tracking_uri(loggers: DictConfig | None) -> None:
-    """MLflow with neither a tracking URI nor a folder falls back to a store MLflow 3 refuses."""
-    for name, entry in (loggers or {}).items():
-        if (
-            entry is not None
-            and str(entry.get("_target_", "")).endswith("MLFlowLogger")
-            and entry.get("tracking_uri") is entry.get("save_dir") is None
-            and not os.environ.get("MLFLOW_TRACKING_URI")
-        ):
-            raise UserError(
-                f"logger.{name}.tracking_uri is null and MLFLOW_TRACKING_URI is not set: set one, "
-                f"e.g. logger.{name}.tracking_uri=http://<host>:5000 (a server) or "
-                f"sqlite:///logs/mlflow.db (a file)."
-            )
-
-
-def named(loggers: DictConfig | None, built: list[Logger]) -> Iterator[tuple[str, Logger]]:
-    """`(config key, logger)` of each logger the Trainer holds, in the config's order."""
+def start(
+    loggers: DictConfig | None, built: list[Logger], hparams: dict[str, Any], provenance: dict
+) -> None:
+    """Log `hparams` to each logger (a failure stops the run in one line naming its config key),
+    tag MLflow runs with the `provenance`, then let each tracker fail alone."""
     keys = [f"logger.{name}" for name, entry in (loggers or {}).items() if entry is not None]
     if len(keys) != len(built):  # fast_dev_run: Lightning holds one DummyLogger instead
         keys = ["logger"] * len(built)
-    return zip(keys, built, strict=True)
+    for key, logger in zip(keys, built, strict=True):
+        with starting(key):  # Lightning calls loggers on rank 0 only
+            logger.log_hyperparams(hparams)
+            if isinstance(logger, MLFlowLogger):
+                tag(logger, provenance)
+        tolerate_failures(logger)
+
+
+@rank_zero_only
+def tag(logger: MLFlowLogger, record: dict[str, Any]) -> None:
+    """Tag the MLflow run with the commit (`mlflow.source.git.commit`), command and versions."""
+    tags = {"command": record["command"], "git.dirty": str(record["git"]["dirty"])}
+    tags |= {f"version.{name}": str(value) for name, value in record["versions"].items()}
+    if record["git"]["commit"] != NO_GIT:
+        tags["mlflow.source.git.commit"] = record["git"]["commit"]
+    for key, value in tags.items():
+        logger.experiment.set_tag(logger.run_id, key, value)
 
 
 @contextmanager
@@ -62,8 +64,8 @@ def starting(key: str) -> Iterator[None]:
 
 
 def tolerate_failures(logger: Logger) -> None:
-    """From now on, the first failure of one of `logger`'s writes is warned about in one line
-    (the tracker's own lines about it held back) and the logger does nothing more."""
+    """The first failure of one of `logger`'s writes is warned about in one line (the tracker's
+    own lines about it held back); the logger then does nothing more."""
     if isinstance(logger, CSVLogger):
         return
     failed: list[Exception] = []
@@ -95,8 +97,7 @@ def tolerate_failures(logger: Logger) -> None:
 
 @contextmanager
 def held_back_logs() -> Iterator[list[logging.LogRecord]]:
-    """What any library logs inside the block, held back from every handler, for the caller to
-    re-emit if the block succeeds."""
+    """What any library logs inside the block, held back, for the caller to re-emit."""
     loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
     handlers = {h for lg in loggers if isinstance(lg, logging.Logger) for h in lg.handlers}
     held: list[logging.LogRecord] = []
@@ -115,8 +116,7 @@ def held_back_logs() -> Iterator[list[logging.LogRecord]]:
 
 
 def first_line(error: BaseException) -> str:
-    """The first line of the root error: a wrapper (MLflow's around SQLAlchemy's around
-    sqlite3's) often begins with its own words, not the cause."""
+    """The first line of the root error (MLflow's wraps SQLAlchemy's, which wraps sqlite3's)."""
     while error.__cause__ or error.__context__:
         error = error.__cause__ or error.__context__
     lines = str(error).strip().splitlines()

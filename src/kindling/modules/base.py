@@ -1,11 +1,5 @@
 """What kindling's LightningModules share: epoch metrics, and the optimizer and scheduler from
-the `_partial_` factories of the model config (`optimizer` takes `params`; `scheduler`, optional,
-takes `optimizer`, and `total_steps` if it has it: kindling.modules.optimization).
-
-Steps only `update()` torchmetrics objects, logged once from the epoch-end hooks (Lightning
-computes them reduced across processes, and resets them): logging a metric object costs a
-`Metric.to(device)` per call, more than the whole step of a small model (benchmarks/step_floor.py).
-"""
+the `_partial_` factories of the model config (kindling.modules.optimization)."""
 
 from collections.abc import Callable, Iterable
 from typing import Any, Literal
@@ -21,9 +15,10 @@ STAGES = ("train", "val", "test")
 
 
 class BaseModule(L.LightningModule):
-    """Logs `<stage>/loss` (the mean over the epoch's samples, however the split is cut into
-    batches and processes) and `<stage>/<name>` of each of `metrics`. Subclasses give
-    `shared_step(stage, batch)`: it updates the stage's metrics, returns `{"loss": mean, ...}`."""
+    """Logs `<stage>/loss` (the mean over the epoch's samples) and `<stage>/<name>` of each of
+    `metrics`. Subclasses give `shared_step(stage, batch)`: it updates the stage's metrics and
+    returns `{"loss": mean, ...}`. Steps only `update()` the metrics, logged once an epoch:
+    logging a metric object each step costs more than a small model's step (step_floor.py)."""
 
     def __init__(
         self,
@@ -67,8 +62,8 @@ class BaseModule(L.LightningModule):
         self.log_epoch("test", prog_bar=False)
 
     def configure_optimizers(self, params: Iterable | None = None) -> dict[str, Any]:
-        """The optimizer over `params` (default: those the strategy trains, FSDP's flat ones) or
-        parameter groups, a group's `lr_ratio` scaling its learning rate; and the scheduler."""
+        """The optimizer over `params` (default: those the strategy trains) or parameter groups,
+        a group's `lr_ratio` scaling its learning rate; and the scheduler."""
         optimizer = self.optimizer_factory(params=params or self.trainer.model.parameters())
         for group in optimizer.param_groups:
             group["lr"] = group["lr"] * group.get("lr_ratio", 1.0)  # before a scheduler reads it

@@ -16,17 +16,12 @@ from kindling.modules.base import BaseModule, OptimizerFactory, SchedulerFactory
 
 
 class Classifier(BaseModule):
-    """Cross-entropy classification; logs `<stage>/loss`, `<stage>/acc` and `val/acc_best`.
-
-    A batch is `(images, labels)` or `(sequences, lengths, labels)`: all but the labels is the
-    net's input. `optimizer`, `scheduler`: kindling.modules.base. `compile`: `torch.compile`
-    the net before fitting. `channels_last`: NHWC weights and inputs, the layout tensor cores
-    read fastest. `example_input_shape` (`[C, H, W]`): the model summary shows each layer's
-    sizes and FLOPs (not in compiled runs: it would cost a compilation of its own).
-    `backbone_lr_ratio`: the backbone's learning rate as a share of the head's (the net's
-    `head` submodule); `freeze_backbone_epochs`: only the head learns for this many epochs
-    (kindling.modules.finetuning).
-    """
+    """Cross-entropy classification of `(images, labels)` or `(sequences, lengths, labels)`
+    batches; logs `<stage>/loss`, `<stage>/acc` and `val/acc_best`. `channels_last`: NHWC, the
+    layout tensor cores read fastest. `example_input_shape` (`[C, H, W]`): the model summary
+    shows each layer's sizes and FLOPs. `backbone_lr_ratio`, `freeze_backbone_epochs`: the
+    backbone's learning rate as a share of the head's, epochs only the head learns
+    (kindling.modules.finetuning)."""
 
     def __init__(
         self,
@@ -105,8 +100,8 @@ class Classifier(BaseModule):
             self.log("val/acc_best", self.val_acc_best.compute(), sync_dist=True, prog_bar=True)
 
     def predict_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        """Class probabilities `(B, num_classes)` of images, or of a tuple that starts with
-        images `(B, C, H, W)`, or with padded sequences `(B, T, F)` and their lengths."""
+        """Class probabilities `(B, num_classes)` of images, or of a tuple that starts with images
+        or with padded sequences and their lengths."""
         inputs = batch if isinstance(batch, list | tuple) else (batch,)
         return self(*inputs[: 2 if inputs[0].dim() == 3 else 1]).softmax(dim=-1)
 

@@ -32,20 +32,14 @@ def full_parameters(model: nn.Module) -> AbstractContextManager:
 
 
 class LanguageModel(BaseModule):
-    """Next-token cross-entropy over every position, perplexity, and text samples while training.
+    """Next-token cross-entropy over every position; logs `<stage>/loss` (per token) and
+    `val/ppl`, `test/ppl`. After each validation epoch it samples `sample_length` characters
+    after `sample_prompt` (0: none; every rank, FSDP shards gathered; `sample_seed` leaves the
+    training random state alone), printed, appended to `samples.txt` and to TensorBoard.
 
-    Logs `<stage>/loss` (mean cross-entropy per token) and `val/ppl`, `test/ppl` (its exp).
-    After each validation epoch it samples `sample_length` characters (0: none) after
-    `sample_prompt` (every rank, with the whole model: under FSDP its shards are gathered), prints
-    them (rank 0), appends them to `samples.txt` in the run folder and to TensorBoard when that
-    logger is on. `sample_seed` is the same every epoch: samples differ only as the model does,
-    and never touch the training random state.
-
-    `net` is a factory taking `vocab_size` (a `_partial_: true` config), called once the data
-    module's `vocabulary` is known (`configure_model`): no config writes its size. The vocabulary
-    is a buffer: a checkpoint's state_dict alone rebuilds the net and decodes its samples.
-    The other arguments are the Classifier's (the net is compiled when it is built).
-    """
+    `net` is a factory taking `vocab_size`, called once the data module's `vocabulary` is known
+    (`configure_model`); the vocabulary is a buffer, so a checkpoint's state_dict alone rebuilds
+    the net. The other arguments are the Classifier's."""
 
     def __init__(
         self,

@@ -21,10 +21,9 @@ def warmup_cosine(
     warmup_ratio: float = 0.0,
     min_lr_ratio: float = 0.0,
 ) -> LambdaLR:
-    """A linear rise over the first `warmup_ratio` of the `total_steps` (step `s` of `w` at
-    `lr * (s + 1) / (w + 1)`), then half a cosine down to `min_lr_ratio` times each group's `lr`
-    at the last step, as nanoGPT's `get_lr` (its 100 warmup steps of 2,000: `warmup_ratio=0.05`).
-    A share rather than a count of steps fits runs of any length, down to one step."""
+    """A linear rise over the first `warmup_ratio` of the `total_steps`, then half a cosine down to
+    `min_lr_ratio` times each group's `lr` at the last step, as nanoGPT's `get_lr` (its 100
+    warmup steps of 2,000: `warmup_ratio=0.05`); a share fits runs of any length."""
     if not (0.0 <= warmup_ratio < 1.0 and 0.0 <= min_lr_ratio <= 1.0):
         raise UserError(
             f"model.scheduler.warmup_ratio={warmup_ratio} must be in [0, 1) and "

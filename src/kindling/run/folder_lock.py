@@ -1,11 +1,7 @@
-"""One run folder, one writer: a run holds a lock on its folder while it runs.
-
-Two processes writing one folder (two resumes of one run, a run in a live one's folder) would
-interleave their epochs in metrics.csv. The lock is `flock` on `<run folder>/.lock`, which the
-system releases however the process ends: a killed run leaves no stale lock. The file names its
-holder for the refusal. Only global rank 0 locks (its other ranks share the folder); where the
-file system has no locks, and on Windows, runs go unlocked.
-"""
+"""One run folder, one writer: two resumes of one run would interleave their epochs in
+metrics.csv. Global rank 0 holds `flock` on `<run folder>/.lock`, which the system releases
+however the process ends, and writes its name there for the refusal. Where the file system has
+no locks, and on Windows, runs go unlocked."""
 
 import errno
 import logging
@@ -32,8 +28,7 @@ _held: dict[Path, int] = {}  # the lock's file descriptor of each folder this pr
 
 
 def hold(folder: str | Path) -> None:
-    """Take `folder` for this run, when it starts: claim it (a SLURM run's, `run_folder`), and
-    lock it until `release`; refuse if a live process holds it."""
+    """Claim `folder` (a SLURM run's) and lock it until `release`; refuse one a live run holds."""
     claim(folder)
     folder = Path(folder).resolve()
     # Global rank 0: the launching process, or rank 0 of torchrun or srun (NODE_RANK: the first

@@ -1,7 +1,8 @@
 """What each run leaves in its folder for the report of a multirun (`kindling.report`): its last
 metrics (`results.yaml`), how a multirun's job ended (`job.yaml`), an Optuna trial (`trial.yaml`,
-which knows a pruned one)."""
+which knows a pruned one); and the clean process a multirun's next job starts in."""
 
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -9,6 +10,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import torch.distributed
 import yaml
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
@@ -17,6 +19,9 @@ from lightning.pytorch.utilities import rank_zero_only
 from kindling.files import write_atomically
 
 JOB_FILE, RESULTS_FILE, TRIAL_FILE = "job.yaml", "results.yaml", "trial.yaml"
+# What Lightning's DDP launcher writes into os.environ of the launching process: left set, the
+# sweep's next job would think its ranks started outside.
+_LAUNCHER_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")
 
 
 def read_yaml(path: Path) -> Any:
@@ -30,16 +35,15 @@ def write_yaml(path: Path, record: dict[str, Any]) -> None:
 
 @rank_zero_only
 def save_results(metrics: dict, run_dir: str | Path) -> None:
-    """The run's last metrics (of the last validation, and the test of the best checkpoint),
-    whichever loggers the run had."""
+    """The run's last metrics (the last validation's, the best checkpoint's test)."""
     write_yaml(Path(run_dir) / RESULTS_FILE, {n: float(v) for n, v in sorted(metrics.items())})
 
 
 @contextmanager
 def recorded_job(run_dir: str | Path) -> Iterator[None]:
     """In a multirun, rank 0 writes `job.yaml`: `running`, then `completed`, `failed` with the
-    error, or `interrupted` with the exit code (a signal: checkpointed at a step's end). A killed
-    job never writes its end: the report calls it interrupted too."""
+    error, or `interrupted` with the exit code (a killed job's stays `running`: the report calls
+    it interrupted too)."""
     multirun = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
     if not multirun or rank_zero_only.rank != 0:
         yield
@@ -60,6 +64,22 @@ def recorded_job(run_dir: str | Path) -> Iterator[None]:
         if record["status"] != "running":
             record.update(ended=_now(), run_time_s=round(time.monotonic() - started, 3))
             write_yaml(path, record)
+
+
+@contextmanager
+def job_environment() -> Iterator[None]:
+    """Undo what a DDP job leaves behind: its process group, the launcher's variables."""
+    saved = {name: os.environ.get(name) for name in _LAUNCHER_VARIABLES}
+    try:
+        yield
+    finally:
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _now() -> str:

@@ -1,6 +1,6 @@
-"""What produced a run: its command line and Hydra overrides, the code's git commit, and the
-library versions: in the run folder (`provenance.yaml`, and `git.diff` when the tree was dirty),
-in every checkpoint (plain types, which `weights_only` reads), and to the loggers."""
+"""What produced a run (command line, Hydra overrides, git commit, library versions): in the run
+folder (`provenance.yaml`, and `git.diff` when the tree was dirty), in every checkpoint, and to
+the loggers."""
 
 import platform
 import shlex
@@ -16,7 +16,6 @@ import lightning
 import torch
 import yaml
 from hydra.core.hydra_config import HydraConfig
-from lightning.pytorch.loggers import Logger, MLFlowLogger
 from lightning.pytorch.utilities import rank_zero_only
 
 import kindling
@@ -28,7 +27,7 @@ NO_GIT = "no git"
 
 
 def collect(code_dir: str | Path | None = None) -> dict[str, Any]:
-    """The run's provenance. `code_dir`: the code's folder (kindling's own). One or two `git`s."""
+    """The run's provenance; `code_dir`: the code's folder (kindling's own)."""
     overrides = HydraConfig.get().overrides.task if HydraConfig.initialized() else None
     return {
         "command": shlex.join([sys.executable, *sys.argv]),
@@ -50,9 +49,8 @@ def collect(code_dir: str | Path | None = None) -> dict[str, Any]:
 
 
 def git_state(code_dir: Path) -> dict[str, Any]:
-    """The checkout holding `code_dir`: `commit`, `dirty`, `diff` (`git diff HEAD`, None when
-    clean) and `untracked` files; commit `no git` outside one, or in site-packages (an installed
-    copy is not the checkout its virtual environment may sit in)."""
+    """The checkout holding `code_dir`: `commit`, `dirty`, `diff` (None when clean), `untracked`;
+    commit `no git` outside one, or in site-packages (not the checkout a venv may sit in)."""
     outside = {"commit": NO_GIT, "dirty": None, "diff": None, "untracked": []}
     if {"site-packages", "dist-packages"} & set(code_dir.parts):
         return outside
@@ -94,17 +92,3 @@ def save(record: dict[str, Any], folder: str | Path) -> None:
     (folder / PROVENANCE_FILE).write_text(text)
     if record["git"]["diff"] is not None:
         (folder / DIFF_FILE).write_text(record["git"]["diff"])
-
-
-@rank_zero_only
-def tag(record: dict[str, Any], loggers: list[Logger]) -> None:
-    """Tag MLflow runs with the commit (MLflow's own `mlflow.source.git.commit`), the command
-    and the versions; the other loggers take the record with the hyperparameters."""
-    tags = {"command": record["command"], "git.dirty": str(record["git"]["dirty"])}
-    tags |= {f"version.{name}": str(value) for name, value in record["versions"].items()}
-    if record["git"]["commit"] != NO_GIT:
-        tags["mlflow.source.git.commit"] = record["git"]["commit"]
-    for logger in loggers:
-        if isinstance(logger, MLFlowLogger):
-            for key, value in tags.items():
-                logger.experiment.set_tag(logger.run_id, key, value)

@@ -1,58 +1,14 @@
-"""Where a resumed run continues: which checkpoint `ckpt_path=last` means, and which folder."""
+"""Where a resumed run continues: in its checkpoint's run folder, its record beside the first's."""
 
 import shutil
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
-from kindling.checkpoints import is_url
 from kindling.config.errors import UserError
-from kindling.run import run_folder, stored_overrides
-
-
-def find_last_checkpoint(
-    runs_dir: str | Path, overrides: Sequence[str] | None = None
-) -> Path | None:
-    """The newest `checkpoints/last.ckpt` under `runs_dir` of a run configured with `overrides`
-    (any when None; a checkpoint that stores none counts), or None."""
-    candidates = sorted(Path(runs_dir).glob("*/checkpoints/last.ckpt"), key=_modified)
-    if overrides is None or not candidates:
-        return candidates[-1] if candidates else None
-    others = []
-    for last in reversed(candidates):
-        stored = stored_overrides.of_checkpoint(last)
-        if stored is None or stored_overrides.same_configuration(stored, overrides):
-            return last
-        others.append(f"{last.parent.parent} ({' '.join(stored) or 'no overrides'})")
-    shown = "; ".join(others[:3]) + ("; ..." if len(others) > 3 else "")
-    given = " ".join(stored_overrides.run_overrides(overrides)) or "none"
-    raise UserError(
-        f"ckpt_path=last: no run under {runs_dir} has this command's overrides ({given}). "
-        f"Runs, newest first: {shown}. Resume one with ckpt_path=<run>/checkpoints/last.ckpt "
-        "(its overrides come with it)."
-    )
-
-
-def _modified(path: Path) -> float:
-    return path.stat().st_mtime
-
-
-def resolve_checkpoint(
-    ckpt_path: str | None, runs_dir: str | Path, overrides: Sequence[str] | None = None
-) -> Path | str | None:
-    """`ckpt_path` as a file (`last`: `find_last_checkpoint`); a URL (`s3://...`) stays a string."""
-    if ckpt_path != "last":
-        return ckpt_path if ckpt_path is None or is_url(ckpt_path) else Path(ckpt_path)
-    last = find_last_checkpoint(runs_dir, overrides)
-    if last is None:
-        raise UserError(
-            f"ckpt_path=last: no run under {runs_dir} has a checkpoints/last.ckpt. "
-            "Give the checkpoint file with ckpt_path=<path>."
-        )
-    return last
+from kindling.run import run_folder
 
 
 def resume_folder(root: Any) -> Path | None:
@@ -60,6 +16,8 @@ def resume_folder(root: Any) -> Path | None:
     unless `resume_in_new_folder=true`; None for a new folder (also for a URL's checkpoint)."""
     if not (root.get("ckpt_path") and root.get("train")) or root.get("resume_in_new_folder"):
         return None
+    from kindling.run.starting_checkpoint import resolve_checkpoint
+
     runs_dir = Path(root.paths.log_dir) / root.task_name / "runs"
     try:
         overrides = OmegaConf.select(root, "hydra.overrides.task")

@@ -5,26 +5,18 @@
 - torchrun: `torchrun-<run id>[-<restart>]` (`--rdzv-id`, or `--standalone`'s uuid); its default
   id `none` is the same in every launch, so it is refused.
 - SLURM (also under torchrun): `slurm-<job id>[_<array task>][.<step>]`, the same in every task
-  and every start of a requeued job, which so takes back its `hpc_ckpt_*.ckpt`. Several runs of
-  one job step take `-1`, `-2`, ...: each the first folder that is its command line's and not
-  yet claimed by its rank in this start of the job. Naming only reads; the run `claim`s its
-  folder when it starts (`kindling.train`, and a multirun's in `kindling.multirun_report`).
+  and every start of a requeued job, which so takes back its `hpc_ckpt_*.ckpt`; several runs of
+  one job step take `-1`, `-2`, ... (`slurm.py`). Naming only reads; the run `claim`s its folder
+  when it starts (`kindling.train`, and a multirun's in `kindling.multirun_report`).
 """
 
 import functools
-import hashlib
-import itertools
 import os
 import secrets
-import shlex
-import sys
-from contextlib import suppress
 from datetime import datetime
 from pathlib import Path
 
 from kindling.config.errors import UserError
-
-SLURM_OWNER_DIR = ".slurm"  # in a SLURM run folder: its command line, and who claimed it when
 
 
 def run_stamp() -> str:
@@ -48,36 +40,17 @@ def _new_folder(parent: Path) -> Path:
     name = slurm_name()
     if name is None:
         return parent / (torchrun_name() or run_stamp())
-    for n in itertools.count():
-        folder = parent / (name if n == 0 else f"{name}-{n}")
-        with suppress(OSError):
-            if os.readlink(folder / SLURM_OWNER_DIR / "command") != _owner_id():
-                continue  # another command's
-            if (folder / SLURM_OWNER_DIR / _claim_name()).exists():
-                continue  # an earlier run of this command in this start of the job
-        return folder
-    raise AssertionError("unreachable")
+    from kindling.run.slurm import job_folder
+
+    return job_folder(parent, name)
 
 
 def claim(folder: str | Path) -> None:
-    """Mark a SLURM run folder as this command's and this rank's in this start of the job."""
-    if slurm_name() is None:
-        return
-    owner = Path(folder) / SLURM_OWNER_DIR
-    owner.mkdir(parents=True, exist_ok=True)
-    with suppress(FileExistsError):  # a link is made whole or not at all: the first one owns it
-        os.symlink(_owner_id(), owner / "command")
-    (owner / _claim_name()).mkdir(exist_ok=True)
+    """Take a SLURM run folder for this command and rank (`slurm.claim`); elsewhere nothing."""
+    if slurm_name() is not None:
+        from kindling.run import slurm
 
-
-def _owner_id() -> str:
-    """The command line and number of processes of this launch, hashed."""
-    command = f"{_launch()[1]} x {shlex.join(sys.argv[1:])}"
-    return hashlib.sha256(command.encode()).hexdigest()[:16]
-
-
-def _claim_name() -> str:
-    return f"start-{os.environ.get('SLURM_RESTART_COUNT', '0')}.rank-{_launch()[0]}"
+        slurm.claim(folder)
 
 
 def slurm_name() -> str | None:
@@ -112,10 +85,10 @@ def check_launch() -> None:
 
 def launch_rank() -> int:
     """This process's rank in its launch: torchrun's RANK, srun's SLURM_PROCID, else 0."""
-    return _launch()[0]
+    return launch()[0]
 
 
-def _launch() -> tuple[int, int]:
+def launch() -> tuple[int, int]:
     """This process's rank and the number of processes of its launch (torchrun's or srun's)."""
     env = os.environ
     if "TORCHELASTIC_RUN_ID" in env:

@@ -1,13 +1,8 @@
 """A run's configuration as its Hydra overrides, stored in every checkpoint's provenance:
 `python train.py ckpt_path=<file>` without a configuration of its own composes them again, and
-`ckpt_path=last` takes the newest run whose overrides are the command's (`kindling.run.resumed`).
-"""
+`ckpt_path=last` takes the newest run whose overrides are the command's (`starting_checkpoint`)."""
 
 from collections.abc import Sequence
-from pathlib import Path
-
-from kindling.checkpoints import read_checkpoint
-from kindling.config.errors import UserError
 
 # What the command does and where it resumes from, how Hydra runs it, a search: not what the run
 # trains. `train=false ckpt_path=<file>` tests with the run's own data.
@@ -26,32 +21,17 @@ def run_overrides(overrides: Sequence[str]) -> list[str]:
     return [o for o in overrides if key(o) not in NOT_STORED and not key(o).startswith(inside)]
 
 
-def same_configuration(stored: Sequence[str], given: Sequence[str]) -> bool:
-    """The same overrides, in any order, but for the training's length."""
-
-    def configuration(overrides: Sequence[str]) -> list[str]:
-        return sorted(o for o in run_overrides(overrides) if key(o) not in LENGTH)
-
-    return configuration(stored) == configuration(given)
-
-
-def of_checkpoint(path: str | Path) -> list[str] | None:
-    """The overrides stored in the checkpoint; None when it holds none or cannot be read (the
-    run's checks say why)."""
-    try:
-        overrides = (read_checkpoint(path).get("provenance") or {}).get("overrides")
-    except UserError:
-        return None
-    return list(overrides) if isinstance(overrides, list) else None
-
-
 def with_checkpoint_overrides(args: Sequence[str]) -> list[str]:
-    """`train.py`'s arguments, with the overrides stored in the checkpoint `ckpt_path=<file>`
-    in front when the command gives no configuration of its own (only the length, train/test or
-    Hydra's keys, which win). A command with other overrides states the configuration itself."""
+    """`train.py`'s arguments, with the overrides stored in the checkpoint `ckpt_path=<file>` in
+    front when the command configures nothing itself (but the length, train/test or Hydra's
+    keys, which win)."""
     given = [a for a in args if not a.startswith("-")]
     ckpt_path = next((a.partition("=")[2] for a in reversed(given) if key(a) == "ckpt_path"), "")
     own = [a for a in run_overrides(given) if key(a) not in LENGTH]
-    stored = None if ckpt_path in ("", "last", "null") or own else of_checkpoint(ckpt_path)
+    stored = None
+    if ckpt_path not in ("", "last", "null") and not own:
+        from kindling.run.starting_checkpoint import of_checkpoint
+
+        stored = of_checkpoint(ckpt_path)
     given_keys = {key(a) for a in given}
     return [*(o for o in stored or () if key(o) not in given_keys), *args]

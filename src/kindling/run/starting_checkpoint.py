@@ -1,0 +1,152 @@
+"""The checkpoint a run starts from (`ckpt_path=`): which file `last` means, and whether it fits
+the run. Loaded only by a run given a checkpoint."""
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from kindling.checkpoints import read_checkpoint, without_compile_prefix
+from kindling.config.errors import UserError
+from kindling.files import is_url
+from kindling.run.stored_overrides import LENGTH, key, run_overrides
+
+
+def same_configuration(stored: Sequence[str], given: Sequence[str]) -> bool:
+    """The same overrides, in any order, but for the training's length."""
+
+    def configuration(overrides: Sequence[str]) -> list[str]:
+        return sorted(o for o in run_overrides(overrides) if key(o) not in LENGTH)
+
+    return configuration(stored) == configuration(given)
+
+
+def of_checkpoint(path: str | Path) -> list[str] | None:
+    """The overrides stored in the checkpoint; None when it holds none or cannot be read (the
+    run's checks say why)."""
+    try:
+        overrides = (read_checkpoint(path).get("provenance") or {}).get("overrides")
+    except UserError:
+        return None
+    return list(overrides) if isinstance(overrides, list) else None
+
+
+def find_last_checkpoint(
+    runs_dir: str | Path, overrides: Sequence[str] | None = None
+) -> Path | None:
+    """The newest `checkpoints/last.ckpt` under `runs_dir` of a run configured with `overrides`
+    (any when None; a checkpoint that stores none counts), or None."""
+    candidates = sorted(Path(runs_dir).glob("*/checkpoints/last.ckpt"), key=_modified)
+    if overrides is None or not candidates:
+        return candidates[-1] if candidates else None
+    others = []
+    for last in reversed(candidates):
+        stored = of_checkpoint(last)
+        if stored is None or same_configuration(stored, overrides):
+            return last
+        others.append(f"{last.parent.parent} ({' '.join(stored) or 'no overrides'})")
+    shown = "; ".join(others[:3]) + ("; ..." if len(others) > 3 else "")
+    given = " ".join(run_overrides(overrides)) or "none"
+    raise UserError(
+        f"ckpt_path=last: no run under {runs_dir} has this command's overrides ({given}). "
+        f"Runs, newest first: {shown}. Resume one with ckpt_path=<run>/checkpoints/last.ckpt "
+        "(its overrides come with it)."
+    )
+
+
+def _modified(path: Path) -> float:
+    return path.stat().st_mtime
+
+
+def resolve_checkpoint(
+    ckpt_path: str | None, runs_dir: str | Path, overrides: Sequence[str] | None = None
+) -> Path | str | None:
+    """`ckpt_path` as a file (`last`: `find_last_checkpoint`); a URL (`s3://...`) stays a string."""
+    if ckpt_path != "last":
+        return ckpt_path if ckpt_path is None or is_url(ckpt_path) else Path(ckpt_path)
+    last = find_last_checkpoint(runs_dir, overrides)
+    if last is None:
+        raise UserError(
+            f"ckpt_path=last: no run under {runs_dir} has a checkpoints/last.ckpt. "
+            "Give the checkpoint file with ckpt_path=<path>."
+        )
+    return last
+
+
+def checked_checkpoint(cfg: DictConfig) -> str:
+    """The file `cfg.ckpt_path` names, checked: a checkpoint of the same kind of net, and, when
+    training, with training left to do."""
+    runs_dir = Path(cfg.paths.log_dir) / cfg.task_name / "runs"
+    overrides = HydraConfig.get().overrides.task if HydraConfig.initialized() else None
+    path = resolve_checkpoint(cfg.ckpt_path, runs_dir, overrides)
+    checkpoint = read_checkpoint(path)
+    stored = checkpoint.get("config", {}).get("model", {}).get("net", {}).get("_target_")
+    wanted = cfg.model.get("net", {}).get("_target_")
+    if stored and wanted and stored != wanted:
+        raise UserError(
+            f"{path} holds a {stored.rsplit('.', 1)[-1]}, but this run builds a "
+            f"{wanted.rsplit('.', 1)[-1]}. Choose the matching model= option, or another ckpt_path."
+        )
+    if cfg.get("train"):
+        check_training_left(checkpoint, path, cfg.trainer)
+    return str(path)
+
+
+def check_weights_fit(path: Path | str, model: torch.nn.Module) -> None:
+    """The checkpoint's weights have the shapes of the built model's (else Lightning stops midway
+    through loading them, with a long traceback). Weights the model has not built yet (a language
+    model's net, built from the data) are left to the model."""
+    checkpoint = read_checkpoint(path)  # mapped from disk, not read: checked before at no cost
+    built = model.state_dict()
+    for name, weights in without_compile_prefix(checkpoint["state_dict"]).items():
+        if name in built and tuple(weights.shape) != tuple(built[name].shape):
+            break
+    else:
+        return
+    stored = (checkpoint.get("provenance") or {}).get("overrides") or []
+    given = HydraConfig.get().overrides.task if HydraConfig.initialized() else []
+    trained_with = [o for o in stored if o not in given and key(o) not in LENGTH]
+    was = f" Its run had {' '.join(trained_with)}." if trained_with else ""
+    raise UserError(
+        f"{path} does not fit this config's model: model.{name}: checkpoint "
+        f"{list(weights.shape)}, this config {list(built[name].shape)}.{was} Resume with the "
+        "overrides it was trained with (ckpt_path=<file> alone restores them), or start a new run."
+    )
+
+
+def check_training_left(checkpoint: dict[str, Any], path: Path | str, trainer: DictConfig) -> None:
+    """Resuming a checkpoint whose training has ended would fit nothing, then test again."""
+    epochs = checkpoint["loops"]["fit_loop"]["epoch_progress"]["current"]["processed"]
+    steps = checkpoint["global_step"]
+    max_epochs, max_steps = trainer.get("max_epochs"), trainer.get("max_steps", -1)
+    if max_epochs is None and max_steps == -1:
+        max_epochs = 1000  # Lightning's default
+    if max_epochs not in (None, -1) and epochs >= max_epochs:
+        done = f"its checkpoint has {epochs} epochs of trainer.max_epochs={max_epochs}"
+        further = f"trainer.max_epochs={2 * max(epochs, 1)}"
+    elif max_steps != -1 and steps >= max_steps:
+        done = f"its checkpoint has {steps} steps of trainer.max_steps={max_steps}"
+        further = f"trainer.max_steps={2 * max_steps}"
+    else:
+        return
+    best = _best_checkpoint(checkpoint, path) or "<checkpoint>"
+    raise UserError(
+        f"{path} has finished training: {done}. To train further, resume with a larger "
+        f"{further}; to test it again (in a folder of its own), train=false ckpt_path={best}."
+    )
+
+
+def _best_checkpoint(checkpoint: dict[str, Any], path: Path | str) -> Path | None:
+    """The best checkpoint of the run that saved `checkpoint`, found beside `path` (the run folder
+    may have moved since), or None."""
+    if is_url(path):
+        return None
+    for name, state in checkpoint.get("callbacks", {}).items():
+        if name.startswith("ModelCheckpoint") and state.get("best_model_score") is not None:
+            best = Path(path).parent / Path(state["best_model_path"]).name
+            if best.is_file():
+                return best
+    return None
