@@ -91,6 +91,9 @@ def baselines(table: Path) -> dict[str, tuple[float, float]]:
         model.fit(shape(train), np.array(train_labels))
         accuracy = float(np.mean(model.predict(shape(test)) == np.array(test_labels)))
         results[name] = accuracy, time.perf_counter() - start
+        # As each finishes: 1-NN DTW on long sets takes hours, and may be stopped.
+        print(f"{table.stem} {name}: test accuracy {accuracy:.4f} ({results[name][1]:.0f} s)",
+              flush=True)  # fmt: skip
     return results
 
 
@@ -138,7 +141,6 @@ def main() -> None:
                   f"({results[family, seed][1]:.0f} s)", flush=True)  # fmt: skip
         for baseline, result in baselines(table).items():
             results[baseline, None] = result
-            print(f"{name} {baseline}: test accuracy {result[0]:.4f} ({result[1]:.0f} s)")
         for (model, seed), (accuracy, seconds) in results.items():
             row = model if seed is None else f"`{model}` seed {seed}"
             cells.setdefault(row, {})[name] = f"{accuracy:.3f} ({seconds:.0f} s)"

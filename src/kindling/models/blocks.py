@@ -38,6 +38,40 @@ def real_steps(lengths: torch.Tensor | None, steps: torch.Tensor) -> torch.Tenso
     return positions < lengths.to(steps.device)[:, None]
 
 
+# The most steps a default patch leaves of the longest sequence: a recurrence or attention over
+# hundreds of steps learns little from a few dozen sequences (BENCHMARKS.md, "Six archive sets").
+PATCHED_STEPS = 64
+
+
+def steps_per_patch(patch: int | None, max_length: int | None) -> int:
+    """The steps of one patch: `patch` where given; else the fewest that leave the longest
+    sequence, `max_length` steps, at most `PATCHED_STEPS` (1, no patches: short sequences,
+    images, or an unknown length)."""
+    if patch is not None:
+        if patch < 1:
+            raise ValueError(f"patch_length must be at least 1, got {patch}")
+        return patch
+    return 1 if max_length is None else -(-max_length // PATCHED_STEPS)
+
+
+def patches(
+    steps: torch.Tensor, lengths: torch.Tensor | None, patch: int
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Sequences `(B, T, F)` as `(B, ceil(T / patch), patch * F)`: each run of `patch` steps one
+    step, as PatchTST reads a series (the layer that reads them embeds each patch: a strided
+    convolution of kernel `patch`). Each length shrinks to the patches it covers; a last patch
+    reads 0 where its sequence has ended. `patch` 1 returns both as they are."""
+    if patch == 1:
+        return steps, lengths
+    batch, length, features = steps.shape
+    mask = real_steps(lengths, steps)
+    if mask is not None:
+        steps = steps * mask.unsqueeze(-1)  # padding is 0 whatever the batch was padded with
+    steps = F.pad(steps, (0, 0, 0, -length % patch))
+    steps = steps.reshape(batch, -1, patch * features)
+    return steps, None if lengths is None else -(-lengths // patch)
+
+
 def masked_mean(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """The mean of `x` `(B, T, D)` over the real steps of each sequence: `(B, D)`."""
     if mask is None:
