@@ -7,10 +7,10 @@ import torch
 from torch import nn
 
 from kindling.models.blocks import (
+    ConvStem,
     TransformerBlock,
     as_steps,
     masked_mean,
-    patches,
     real_steps,
     step_features,
     steps_per_patch,
@@ -21,8 +21,8 @@ class TransformerClassifier(nn.Module):
     """Step tokens, learned positions, pre-norm encoder blocks, class-token or mean pooling.
     Inputs as the RecurrentClassifier's (sequences also need `max_length`, the longest it will
     see); no token attends to padding, and mean pooling averages real steps only. Long sequences
-    are read in patches of `patch_length` steps, one token each (PatchTST; null: from
-    `max_length`, `blocks.steps_per_patch`)."""
+    are read in patches of `patch_length` steps, one token each (`blocks.ConvStem`, `d_model`
+    features; null: from `max_length`, by `blocks.steps_per_patch`)."""
 
     def __init__(
         self,
@@ -46,10 +46,12 @@ class TransformerClassifier(nn.Module):
             max_length = image_shape[1]
         elif max_length is None:
             raise ValueError("sequences need max_length: the positions the model learns")
-        self.patch = 1 if image_shape is not None else steps_per_patch(patch_length, max_length)
-        max_length = -(-max_length // self.patch)
+        patch = 1 if image_shape is not None else steps_per_patch(patch_length, max_length)
+        # One step a patch: no stem at all (the net without patches, parameter for parameter).
+        self.stem = ConvStem(features, d_model, patch) if patch > 1 else None
+        max_length = -(-max_length // patch)  # the positions: patches
         self.pooling = pooling
-        self.embed = nn.Linear(self.patch * features, d_model)
+        self.embed = nn.Linear(d_model if self.stem else features, d_model)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, d_model)) if pooling == "cls" else None
         num_tokens = max_length + (1 if pooling == "cls" else 0)
         self.pos_embedding = nn.Parameter(torch.randn(1, num_tokens, d_model) * 0.02)
@@ -61,7 +63,9 @@ class TransformerClassifier(nn.Module):
         self.head = nn.Linear(d_model, num_classes)
 
     def forward(self, inputs: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
-        steps, lengths = patches(as_steps(inputs), lengths, self.patch)
+        steps = as_steps(inputs)
+        if self.stem is not None:
+            steps, lengths = self.stem(steps, lengths)
         mask = real_steps(lengths, steps)
         tokens = self.embed(steps)
         if self.cls_token is not None:
