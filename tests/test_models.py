@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from kindling.models.blocks import SelfAttention, image_to_sequence
+from kindling.models.blocks import ConvStem, SelfAttention, image_to_sequence, steps_per_patch
 from kindling.models.cnn import CNNClassifier
 from kindling.models.recurrent import GRUClassifier, LSTMClassifier, RNNClassifier
 from kindling.models.transformer import TransformerClassifier
@@ -57,6 +57,55 @@ def test_recurrent_classifier_uses_its_cell() -> None:
     assert isinstance(RNNClassifier((1, 8, 8), 10).rnn, nn.RNN)
     assert isinstance(LSTMClassifier((1, 8, 8), 10).rnn, nn.LSTM)
     assert isinstance(GRUClassifier((1, 8, 8), 10).rnn, nn.GRU)
+
+
+def test_sequences_of_up_to_64_steps_are_read_step_by_step() -> None:
+    assert [steps_per_patch(None, n) for n in (None, 7, 64, 65, 150, 427, 1460)] == [
+        1, 1, 1, 2, 3, 7, 23,
+    ]  # fmt: skip
+    assert steps_per_patch(5, 7) == 5  # given: as given
+    with pytest.raises(ValueError, match="at least 1"):
+        steps_per_patch(0, 100)
+
+
+@pytest.mark.parametrize("net_class", [RNNClassifier, LSTMClassifier, GRUClassifier,
+                                       TransformerClassifier])  # fmt: skip
+def test_one_step_a_patch_is_the_net_without_patches(net_class: type[nn.Module]) -> None:
+    """Patches of one step (a short set's default, or patch_length=1 on a long one) are the net
+    as it was before them: the same parameters drawn in the same order, the same logits."""
+    steps, lengths = torch.randn(3, 60, 2), torch.tensor([60, 41, 3])
+    # The Transformer's positions are the longest it reads: every one of its nets is given 60.
+    transformer = net_class is TransformerClassifier
+    longest = {"max_length": 60} if transformer else {}
+    key = "max_length" if transformer else "longest_sequence"
+    nets = []
+    for options in (longest, {key: 60}, {key: 600, "patch_length": 1}):
+        torch.manual_seed(0)
+        nets.append(net_class(None, 4, num_features=2, **{**options, **longest}).eval())
+    before = nets[0].state_dict()
+    for net in nets[1:]:
+        assert net.stem is None
+        assert all(torch.equal(before[k], v) for k, v in net.state_dict().items())
+        assert before.keys() == net.state_dict().keys()
+        torch.testing.assert_close(net(steps, lengths), nets[0](steps, lengths), rtol=0, atol=0)
+
+
+def test_a_stem_shortens_the_lengths_and_reads_no_padding() -> None:
+    """Patches of 4 steps: lengths 10, 7 and 1 become 3, 2 and 1 patches; a sequence gives the
+    same patches alone as in a batch padded (with noise) past its end, and 0 past its last."""
+    torch.manual_seed(0)
+    stem = ConvStem(features=2, width=8, patch=4)
+    stem(torch.randn(3, 10, 2), torch.tensor([10, 7, 1]))  # batch norm: some running statistics
+    stem.eval()
+    batch = torch.randn(3, 10, 2)
+    patched, lengths = stem(batch, torch.tensor([10, 7, 1]))
+    assert patched.shape == (3, 3, 8) and lengths.tolist() == [3, 2, 1]
+    for i, length in enumerate([10, 7, 1]):
+        alone, (patches,) = stem(batch[i : i + 1, :length], torch.tensor([length]))
+        torch.testing.assert_close(patched[i, :patches], alone[0], rtol=0, atol=1e-6)
+        assert patched[i, patches:].abs().sum() == 0
+    # Without lengths every step is real: the batch as one of full lengths.
+    torch.testing.assert_close(stem(batch, None)[0], stem(batch, torch.tensor([10] * 3))[0])
 
 
 def test_cnn_depth_and_width_follow_channels() -> None:

@@ -92,6 +92,13 @@ FAMILIES = {
     "transformer_mean": lambda: TransformerClassifier(
         None, 4, d_model=16, num_features=FEATURES, max_length=30, pooling="mean"
     ),
+    # Patches of 4 steps: a length that is no multiple of 4 ends in a part-padded patch.
+    "gru_patches": lambda: GRUClassifier(
+        None, 4, hidden_size=16, num_features=FEATURES, bidirectional=True, patch_length=4
+    ),
+    "transformer_patches": lambda: TransformerClassifier(
+        None, 4, d_model=16, num_features=FEATURES, max_length=30, patch_length=4
+    ),
     "temporal_conv": lambda: TemporalConvClassifier(
         None, 4, channels=[8, 16], kernel_sizes=[8, 5], num_features=FEATURES
     ),

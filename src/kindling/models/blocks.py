@@ -38,12 +38,86 @@ def real_steps(lengths: torch.Tensor | None, steps: torch.Tensor) -> torch.Tenso
     return positions < lengths.to(steps.device)[:, None]
 
 
+# The most steps a default patch leaves of the longest sequence: a recurrence or attention over
+# hundreds of steps learned little from a few dozen sequences (BENCHMARKS.md, "Six archive sets").
+PATCHED_STEPS = 64
+
+
+def steps_per_patch(patch: int | None, max_length: int | None) -> int:
+    """The steps of one patch: `patch` where given; else the fewest that leave the longest
+    sequence, `max_length` steps, at most `PATCHED_STEPS` (1, no patches: short sequences,
+    images, or an unknown length)."""
+    if patch is not None:
+        if patch < 1:
+            raise ValueError(f"patch_length must be at least 1, got {patch}")
+        return patch
+    return 1 if max_length is None else -(-max_length // PATCHED_STEPS)
+
+
 def masked_mean(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """The mean of `x` `(B, T, D)` over the real steps of each sequence: `(B, D)`."""
     if mask is None:
         return x.mean(dim=1)
     weights = mask.unsqueeze(-1).to(x.dtype)
     return (x * weights).sum(dim=1) / weights.sum(dim=1)
+
+
+class MaskedBatchNorm(nn.BatchNorm1d):
+    """Batch norm of `(B, T, C)` steps whose statistics count real steps only; padding stays 0."""
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        if mask is None:
+            return super().forward(x.flatten(0, 1)).view_as(x)
+        if not self.training and self.running_mean is not None:
+            # Running statistics normalise each step alone: every step at once gives the real
+            # steps' values without gathering them, a graph of fixed sizes that torch.export and
+            # ONNX trace (`x[mask]` has a size that depends on the data).
+            normalised = super().forward(x.flatten(0, 1)).view_as(x)
+            return normalised.masked_fill(~mask.unsqueeze(-1), 0.0)
+        out = torch.zeros_like(x)
+        out[mask] = super().forward(x[mask])
+        return out
+
+
+class ConvBlock(nn.Module):
+    """Conv1d (zero-padded to keep the length; no bias: the norm has one), batch norm, ReLU."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int):
+        super().__init__()
+        # What padding="same" does, without its warning about a copy for even kernels.
+        self.padding = ((kernel_size - 1) // 2, kernel_size // 2)
+        self.conv = nn.Conv1d(in_channels, out_channels, kernel_size, bias=False)
+        self.norm = MaskedBatchNorm(out_channels)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        # x is (B, T, C); every block's output is 0 at padding, so a step near a sequence's end
+        # sees the zeros it would see alone (the convolution's own padding), never padded data.
+        y = self.conv(F.pad(x.transpose(1, 2), self.padding)).transpose(1, 2)
+        return torch.relu(self.norm(y, mask))
+
+
+class ConvStem(nn.Module):
+    """A long sequence in patches of `patch` steps: a conv block over every step (kernel 8, the
+    FCN's first), then the most of each patch's `width` features, one step a patch, as CNN-LSTM
+    nets read a signal. `(B, T, F)` and `lengths` to `(B, ceil(T / patch), width)` and each
+    length in patches; a last patch reads its sequence's real steps alone."""
+
+    def __init__(self, features: int, width: int, patch: int, kernel_size: int = 8):
+        super().__init__()
+        self.patch = patch
+        self.block = ConvBlock(features, width, kernel_size)
+
+    def forward(
+        self, steps: torch.Tensor, lengths: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        mask = real_steps(lengths, steps)
+        if mask is not None:
+            steps = steps * mask.unsqueeze(-1)  # padding is 0 whatever the batch was padded with
+        # After the ReLU every real step is >= 0 and padding 0: a part-padded patch's maximum
+        # is its real steps'.
+        features = self.block(steps, mask).transpose(1, 2)
+        pooled = F.max_pool1d(features, self.patch, self.patch, ceil_mode=True).transpose(1, 2)
+        return pooled, None if lengths is None else -(-lengths // self.patch)
 
 
 class SelfAttention(nn.Module):

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence
 
-from kindling.models.blocks import as_steps, step_features
+from kindling.models.blocks import ConvStem, as_steps, step_features, steps_per_patch
 
 
 def rnn_layers(
@@ -26,7 +26,9 @@ class RecurrentClassifier(nn.Module):
     """`nn.RNN` / `nn.LSTM` / `nn.GRU` layers (the subclass's `cell`), a linear head on the last
     hidden state: images `(B, C, H, W)` read row by row (give `image_shape`), or padded sequences
     `(B, T, F)` and `lengths` (give `num_features`, packed: padding never enters the recurrence),
-    to `(B, num_classes)`."""
+    to `(B, num_classes)`. Long sequences are read in patches of `patch_length` steps, one
+    recurrent step each (`blocks.ConvStem`, `stem_width` features; null: from `longest_sequence`,
+    the data's longest, by `blocks.steps_per_patch`; a longer one is read too, in more patches)."""
 
     cell: ClassVar[type[nn.RNNBase]]
 
@@ -39,9 +41,16 @@ class RecurrentClassifier(nn.Module):
         dropout: float = 0.1,
         bidirectional: bool = False,
         num_features: int | None = None,
+        longest_sequence: int | None = None,
+        patch_length: int | None = None,
+        stem_width: int = 64,
     ):
         super().__init__()
         features = step_features(image_shape, num_features)
+        patch = steps_per_patch(patch_length, None if image_shape else longest_sequence)
+        # One step a patch: no stem at all (the net without patches, parameter for parameter).
+        self.stem = ConvStem(features, stem_width, patch) if patch > 1 else None
+        features = stem_width if self.stem else features
         self.rnn = rnn_layers(self.cell, features, hidden_size, num_layers, dropout, bidirectional)
         directions = 2 if bidirectional else 1
         self.head = nn.Sequential(
@@ -50,6 +59,8 @@ class RecurrentClassifier(nn.Module):
 
     def forward(self, inputs: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
         steps = as_steps(inputs)
+        if self.stem is not None:
+            steps, lengths = self.stem(steps, lengths)
         if lengths is not None:
             # pack_padded_sequence takes the lengths on the CPU; h_n comes back in batch order.
             steps = pack_padded_sequence(
@@ -86,6 +97,8 @@ class UnpackedRecurrent(nn.Module):
 
     def forward(self, steps: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         rnn = self.net.rnn
+        if self.net.stem is not None:
+            steps, lengths = self.net.stem(steps, lengths)
         batch, length, _ = steps.shape
         positions = torch.arange(length, device=steps.device).expand(batch, length)
         ends = lengths.to(steps.device).view(batch, 1)

@@ -4,44 +4,9 @@ from collections.abc import Sequence
 from itertools import pairwise
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from kindling.models.blocks import as_steps, masked_mean, real_steps, step_features
-
-
-class MaskedBatchNorm(nn.BatchNorm1d):
-    """Batch norm of `(B, T, C)` steps whose statistics count real steps only; padding stays 0."""
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        if mask is None:
-            return super().forward(x.flatten(0, 1)).view_as(x)
-        if not self.training and self.running_mean is not None:
-            # Running statistics normalise each step alone: every step at once gives the real
-            # steps' values without gathering them, a graph of fixed sizes that torch.export and
-            # ONNX trace (`x[mask]` has a size that depends on the data).
-            normalised = super().forward(x.flatten(0, 1)).view_as(x)
-            return normalised.masked_fill(~mask.unsqueeze(-1), 0.0)
-        out = torch.zeros_like(x)
-        out[mask] = super().forward(x[mask])
-        return out
-
-
-class ConvBlock(nn.Module):
-    """Conv1d (zero-padded to keep the length; no bias: the norm has one), batch norm, ReLU."""
-
-    def __init__(self, in_channels: int, out_channels: int, kernel_size: int):
-        super().__init__()
-        # What padding="same" does, without its warning about a copy for even kernels.
-        self.padding = ((kernel_size - 1) // 2, kernel_size // 2)
-        self.conv = nn.Conv1d(in_channels, out_channels, kernel_size, bias=False)
-        self.norm = MaskedBatchNorm(out_channels)
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        # x is (B, T, C); every block's output is 0 at padding, so a step near a sequence's end
-        # sees the zeros it would see alone (the convolution's own padding), never padded data.
-        y = self.conv(F.pad(x.transpose(1, 2), self.padding)).transpose(1, 2)
-        return torch.relu(self.norm(y, mask))
+from kindling.models.blocks import ConvBlock, as_steps, masked_mean, real_steps, step_features
 
 
 class TemporalConvClassifier(nn.Module):

@@ -7,18 +7,22 @@ import torch
 from torch import nn
 
 from kindling.models.blocks import (
+    ConvStem,
     TransformerBlock,
     as_steps,
     masked_mean,
     real_steps,
     step_features,
+    steps_per_patch,
 )
 
 
 class TransformerClassifier(nn.Module):
     """Step tokens, learned positions, pre-norm encoder blocks, class-token or mean pooling.
     Inputs as the RecurrentClassifier's (sequences also need `max_length`, the longest it will
-    see); no token attends to padding, and mean pooling averages real steps only."""
+    see); no token attends to padding, and mean pooling averages real steps only. Long sequences
+    are read in patches of `patch_length` steps, one token each (`blocks.ConvStem`, `d_model`
+    features; null: from `max_length`, by `blocks.steps_per_patch`)."""
 
     def __init__(
         self,
@@ -32,6 +36,7 @@ class TransformerClassifier(nn.Module):
         pooling: Literal["cls", "mean"] = "cls",
         num_features: int | None = None,
         max_length: int | None = None,
+        patch_length: int | None = None,
     ):
         super().__init__()
         if pooling not in ("cls", "mean"):  # the Literal hint, for a caller outside the config
@@ -41,8 +46,12 @@ class TransformerClassifier(nn.Module):
             max_length = image_shape[1]
         elif max_length is None:
             raise ValueError("sequences need max_length: the positions the model learns")
+        patch = 1 if image_shape is not None else steps_per_patch(patch_length, max_length)
+        # One step a patch: no stem at all (the net without patches, parameter for parameter).
+        self.stem = ConvStem(features, d_model, patch) if patch > 1 else None
+        max_length = -(-max_length // patch)  # the positions: patches
         self.pooling = pooling
-        self.embed = nn.Linear(features, d_model)
+        self.embed = nn.Linear(d_model if self.stem else features, d_model)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, d_model)) if pooling == "cls" else None
         num_tokens = max_length + (1 if pooling == "cls" else 0)
         self.pos_embedding = nn.Parameter(torch.randn(1, num_tokens, d_model) * 0.02)
@@ -55,6 +64,8 @@ class TransformerClassifier(nn.Module):
 
     def forward(self, inputs: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
         steps = as_steps(inputs)
+        if self.stem is not None:
+            steps, lengths = self.stem(steps, lengths)
         mask = real_steps(lengths, steps)
         tokens = self.embed(steps)
         if self.cls_token is not None:
