@@ -145,6 +145,11 @@ SEQUENCE_FAMILIES = {
                          "model.net.pooling=mean"],
     "temporal_conv": ["model=temporal_conv", "model.net.channels=[8]",
                       "model.net.kernel_sizes=[3]"],
+    # Long sequences' patches: a batch's length in whole patches of 3 steps.
+    "lstm_patches": ["model=lstm", "model.net.hidden_size=8", "model.net.num_layers=1",
+                     "model.net.patch_length=3", "+model.net.stem_width=8"],
+    "transformer_patches": ["model=transformer", "model.net.d_model=16", "model.net.num_layers=1",
+                            "model.net.patch_length=3"],
 }  # fmt: skip
 
 
@@ -165,10 +170,14 @@ def test_every_sequence_family_exports_with_a_dynamic_batch_and_length(
         onnx_file, program_file, facts_file = export(
             ExportArgs(ckpt_path=str(sequence_checkpoint), output=str(tmp_path / "model"))
         )
-    # The parity check ran two batch sizes padded to two lengths (the table's longest: 20).
-    checked = [r.getMessage() for r in caplog.records if "logit difference" in r.getMessage()]
-    assert len(checked) == 2 and all("batches of 8x20 and 5x10" in line for line in checked)
     facts = json.loads(facts_file.read_text())
+    patch = facts["length_multiple"]
+    assert patch == (3 if "patches" in sequence_checkpoint.parts[-4] else 1)
+    # The parity check ran two batch sizes padded to two lengths (the table's longest: 20), in
+    # whole patches where the net reads them.
+    lengths_checked = "8x21 and 5x12" if patch == 3 else "8x20 and 5x10"
+    checked = [r.getMessage() for r in caplog.records if "logit difference" in r.getMessage()]
+    assert len(checked) == 2 and all(lengths_checked in line for line in checked)
     assert facts["input"] == "sequences" and facts["input_shape"] == ["batch", "length", 3]
     assert facts["features"] == ["x", "y", "z"] and len(facts["mean"]) == len(facts["std"]) == 3
     assert facts["normalisation"].startswith("(value - mean) / std")
@@ -183,6 +192,8 @@ def test_every_sequence_family_exports_with_a_dynamic_batch_and_length(
     for steps, lengths in ((torch.randn(3, 1, 3), torch.ones(3, dtype=torch.long)),
                            (torch.randn(2, 13, 3), torch.tensor([13, 4]))):  # fmt: skip
         steps[1, lengths[1] :] = 0.0
+        padded = steps.shape[1] if patch == 1 else max(2, -(-steps.shape[1] // patch)) * patch
+        steps = torch.nn.functional.pad(steps, (0, 0, 0, padded - steps.shape[1]))
         with torch.no_grad():
             expected = module(steps, lengths)
             torch.testing.assert_close(program(steps, lengths), expected, atol=1e-5, rtol=0)

@@ -59,6 +59,8 @@ def export(args: ExportArgs) -> list[Path]:
         args.ckpt_path, Classifier, "a language model generates with python -m kindling.sample."
     )
     facts = consumer_facts(checkpoint, args.ckpt_path)
+    if facts["input"] == "sequences":  # a net reading patches takes whole patches, 2 at least
+        facts["length_multiple"] = getattr(getattr(module.net, "stem", None), "patch", 1)
     stem = Path(args.output) if args.output else Path(args.ckpt_path).with_suffix("")
     stem.parent.mkdir(parents=True, exist_ok=True)
     inputs = sample_inputs(facts, args.samples, args.seed)
@@ -125,7 +127,8 @@ def consumer_facts(checkpoint: dict[str, Any], ckpt_path: str) -> dict[str, Any]
             "input_dtype": "float32",
             "lengths_shape": ["batch"],
             "lengths_dtype": "int64",
-            "padding": "zeros after each sequence's last step; lengths: its real steps",
+            "padding": "zeros after each sequence's last step, to a batch length of whole "
+            "length_multiple steps (at least 2 of them where it is above 1); lengths: real steps",
             # The longest the model takes (the Transformer's learned positions); null: any.
             "max_length": model_cfg["net"].get("max_length"),
             "longest_trained": data_cfg.get("max_length"),
@@ -162,6 +165,7 @@ def sample_inputs(facts: dict[str, Any], count: int, seed: int) -> list[Inputs]:
     longest = facts.get("longest_trained") or facts.get("max_length") or 64
     batches: list[Inputs] = []
     for size, length in ((count, longest), (count // 2 + 1, (longest + 1) // 2)):
+        length = whole_patches(length, facts.get("length_multiple", 1))
         if facts["input"] != "sequences":
             shape = (size, *facts["input_shape"][1:])
             pixels = torch.randint(0, 256, shape, generator=generator, dtype=torch.uint8)
@@ -175,6 +179,12 @@ def sample_inputs(facts: dict[str, Any], count: int, seed: int) -> list[Inputs]:
     return batches
 
 
+def whole_patches(length: int, patch: int) -> int:
+    """The length a batch of sequences `length` steps long is padded to for an export whose
+    net reads patches of `patch` steps: whole patches, at least 2 (1 step: any length)."""
+    return length if patch == 1 else max(2, -(-length // patch)) * patch
+
+
 def describe(example: Inputs) -> str:
     """A batch's size, and a padded batch's length: `8` or `8x30`."""
     return str(len(example[0])) if len(example) == 1 else f"{len(example[0])}x{example[0].shape[1]}"
@@ -186,11 +196,16 @@ def first_line(error: Exception) -> str:
 
 def input_signature(facts: dict[str, Any]) -> tuple[list[str], tuple[dict[int, Any], ...]]:
     """The exported inputs' names and dynamic dimensions: the batch; for sequences the length
-    too, up to the net's `max_length` where it has one (the Transformer's learned positions)."""
+    too, up to the net's `max_length` where it has one (the Transformer's learned positions), in
+    whole patches where the net reads patches."""
     batch = torch.export.Dim("batch")
     if facts["input"] != "sequences":
         return ["images"], ({0: batch},)
-    length = torch.export.Dim("length", min=1, max=facts["max_length"])
+    patch, longest = facts.get("length_multiple", 1), facts["max_length"]
+    if patch == 1:
+        length = torch.export.Dim("length", min=1, max=longest)
+    else:  # whole patches: a batch padded by `whole_patches`
+        length = patch * torch.export.Dim("patches", min=2, max=longest and -(-longest // patch))
     return ["steps", "lengths"], ({0: batch, 1: length}, {0: batch})
 
 

@@ -115,8 +115,11 @@ class ConvStem(nn.Module):
             steps = steps * mask.unsqueeze(-1)  # padding is 0 whatever the batch was padded with
         # After the ReLU every real step is >= 0 and padding 0: a part-padded patch's maximum
         # is its real steps'.
-        features = self.block(steps, mask).transpose(1, 2)
-        pooled = F.max_pool1d(features, self.patch, self.patch, ceil_mode=True).transpose(1, 2)
+        # Zero-padded to whole patches and reshaped, not max_pool1d's ceil_mode: torch.export
+        # keeps the length dynamic through this (kindling.export).
+        features = self.block(steps, mask)
+        features = F.pad(features, (0, 0, 0, -features.shape[1] % self.patch))
+        pooled = features.unflatten(1, (-1, self.patch)).amax(dim=2)
         return pooled, None if lengths is None else -(-lengths // self.patch)
 
 
