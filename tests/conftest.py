@@ -25,7 +25,6 @@ repository, and may share a worker with any other test.
 """
 
 import functools
-import json
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -34,13 +33,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from filelock import FileLock
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig
 
 import kindling.train
 
-from helpers import TRAINED_RUN, TrainedRun, compose_in
+from helpers import TRAINED_RUN, TrainedRun, compose_in, made_once
 from slurm_cluster import slurm_cluster  # noqa: F401 - a fixture
 
 
@@ -79,24 +77,12 @@ def compose_config(tmp_path: Path) -> Iterator[Callable[..., DictConfig]]:
     GlobalHydra.instance().clear()
 
 
-def _train(folder: Path, trainer: str) -> TrainedRun:
-    value = kindling.train.run(compose_in(folder, f"trainer={trainer}", *TRAINED_RUN))
-    return TrainedRun(folder / "run", value)
-
-
 def _trained_once(tmp_path_factory: pytest.TempPathFactory, trainer: str) -> TrainedRun:
-    """Trained by whichever worker asks first; the others wait and read it."""
-    name = f"trained_run_{trainer}"
-    if "PYTEST_XDIST_WORKER" not in os.environ:  # one process: its own temporary folder
-        return _train(tmp_path_factory.mktemp(name), trainer)
-    # Workers of one session share the parent of their temporary folders.
-    folder = tmp_path_factory.getbasetemp().parent / name
-    done = folder / "value.json"
-    with FileLock(str(folder) + ".lock"):
-        if not done.is_file():
-            trained = _train(folder, trainer)
-            done.write_text(json.dumps(trained.value))
-    return TrainedRun(folder / "run", json.loads(done.read_text()))
+    def train(folder: Path) -> float:
+        return kindling.train.run(compose_in(folder, f"trainer={trainer}", *TRAINED_RUN))
+
+    folder, value = made_once(tmp_path_factory, f"trained_run_{trainer}", train)
+    return TrainedRun(folder / "run", value)
 
 
 @pytest.fixture(scope="session")
