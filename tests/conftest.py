@@ -12,6 +12,9 @@ Fixtures:
   Tests that only read a trained checkpoint or its metrics use it; they must not write into its
   folder (give a test-only run its own `paths.output_dir`); `helpers.copy_run(trained_run,
   folder)` copies it to resume or damage.
+- `two_process_run`: `python train.py trainer.accelerator=cpu trainer.devices=2 debug=limit`,
+  run once per session in its own folder (`.cwd`: the run folder is the one child of
+  `logs/debug/runs/`), with its output (`.output`); it exited with 0.
 - `gpu_trained_run`: the same run on the GPU (`trainer=gpu`), for the `gpu` tests of what
   follows training (prediction, export).
 - `serve_folder(folder)`: an HTTP server for `folder` on 127.0.0.1 (a free port), stopped at
@@ -30,6 +33,7 @@ import threading
 from collections.abc import Callable, Iterator
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -38,7 +42,7 @@ from omegaconf import DictConfig
 
 import kindling.train
 
-from helpers import TRAINED_RUN, TrainedRun, compose_in, made_once
+from helpers import QUIET, TRAINED_RUN, TrainedRun, compose_in, made_once, train_py
 from slurm_cluster import slurm_cluster  # noqa: F401 - a fixture
 
 
@@ -93,6 +97,22 @@ def trained_run(tmp_path_factory: pytest.TempPathFactory) -> TrainedRun:
 @pytest.fixture(scope="session")
 def gpu_trained_run(tmp_path_factory: pytest.TempPathFactory) -> TrainedRun:
     return _trained_once(tmp_path_factory, "gpu")
+
+
+class ProcessRun(NamedTuple):
+    cwd: Path  # where `python train.py` ran: its run folder is under logs/
+    output: str  # its stdout and stderr
+
+
+@pytest.fixture(scope="session")
+def two_process_run(tmp_path_factory: pytest.TempPathFactory) -> ProcessRun:
+    def train(folder: Path) -> str:
+        args = ["trainer.accelerator=cpu", "trainer.devices=2", "debug=limit", *QUIET]
+        result = train_py(*args, cwd=folder)
+        assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+        return result.stdout + result.stderr
+
+    return ProcessRun(*made_once(tmp_path_factory, "two_process_run", train))
 
 
 class _RecordingHandler(SimpleHTTPRequestHandler):
