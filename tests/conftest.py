@@ -55,8 +55,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """`pytest` runs the fast tests, `pytest --slow` all of them; `-m ...` chooses by itself."""
+    """`pytest` runs the fast tests, `pytest --slow` all of them; `-m ...` chooses by itself.
+
+    The slow tests run first: the pytest-xdist workers share out the short ones at the end and
+    finish together, instead of one running a minute-long test while the others wait."""
     if config.getoption("--slow") or config.getoption("-m"):
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable
         return
     slow = [item for item in items if item.get_closest_marker("slow")]
     if slow:
