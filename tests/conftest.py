@@ -12,6 +12,9 @@ Fixtures:
   Tests that only read a trained checkpoint or its metrics use it; they must not write into its
   folder (give a test-only run its own `paths.output_dir`); `helpers.copy_run(trained_run,
   folder)` copies it to resume or damage.
+- `two_process_run`: `python train.py trainer.accelerator=cpu trainer.devices=2 debug=limit`,
+  run once per session in its own folder (`.cwd`: the run folder is the one child of
+  `logs/debug/runs/`), with its output (`.output`); it exited with 0.
 - `gpu_trained_run`: the same run on the GPU (`trainer=gpu`), for the `gpu` tests of what
   follows training (prediction, export).
 - `serve_folder(folder)`: an HTTP server for `folder` on 127.0.0.1 (a free port), stopped at
@@ -25,22 +28,21 @@ repository, and may share a worker with any other test.
 """
 
 import functools
-import json
 import os
 import threading
 from collections.abc import Callable, Iterator
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import torch
-from filelock import FileLock
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig
 
 import kindling.train
 
-from helpers import TRAINED_RUN, TrainedRun, compose_in
+from helpers import QUIET, TRAINED_RUN, TrainedRun, compose_in, made_once, train_py
 from slurm_cluster import slurm_cluster  # noqa: F401 - a fixture
 
 
@@ -53,8 +55,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """`pytest` runs the fast tests, `pytest --slow` all of them; `-m ...` chooses by itself."""
+    """`pytest` runs the fast tests, `pytest --slow` all of them; `-m ...` chooses by itself.
+
+    The slow tests run first: the pytest-xdist workers share out the short ones at the end and
+    finish together, instead of one running a minute-long test while the others wait."""
     if config.getoption("--slow") or config.getoption("-m"):
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable
         return
     slow = [item for item in items if item.get_closest_marker("slow")]
     if slow:
@@ -79,24 +85,12 @@ def compose_config(tmp_path: Path) -> Iterator[Callable[..., DictConfig]]:
     GlobalHydra.instance().clear()
 
 
-def _train(folder: Path, trainer: str) -> TrainedRun:
-    value = kindling.train.run(compose_in(folder, f"trainer={trainer}", *TRAINED_RUN))
-    return TrainedRun(folder / "run", value)
-
-
 def _trained_once(tmp_path_factory: pytest.TempPathFactory, trainer: str) -> TrainedRun:
-    """Trained by whichever worker asks first; the others wait and read it."""
-    name = f"trained_run_{trainer}"
-    if "PYTEST_XDIST_WORKER" not in os.environ:  # one process: its own temporary folder
-        return _train(tmp_path_factory.mktemp(name), trainer)
-    # Workers of one session share the parent of their temporary folders.
-    folder = tmp_path_factory.getbasetemp().parent / name
-    done = folder / "value.json"
-    with FileLock(str(folder) + ".lock"):
-        if not done.is_file():
-            trained = _train(folder, trainer)
-            done.write_text(json.dumps(trained.value))
-    return TrainedRun(folder / "run", json.loads(done.read_text()))
+    def train(folder: Path) -> float:
+        return kindling.train.run(compose_in(folder, f"trainer={trainer}", *TRAINED_RUN))
+
+    folder, value = made_once(tmp_path_factory, f"trained_run_{trainer}", train)
+    return TrainedRun(folder / "run", value)
 
 
 @pytest.fixture(scope="session")
@@ -107,6 +101,22 @@ def trained_run(tmp_path_factory: pytest.TempPathFactory) -> TrainedRun:
 @pytest.fixture(scope="session")
 def gpu_trained_run(tmp_path_factory: pytest.TempPathFactory) -> TrainedRun:
     return _trained_once(tmp_path_factory, "gpu")
+
+
+class ProcessRun(NamedTuple):
+    cwd: Path  # where `python train.py` ran: its run folder is under logs/
+    output: str  # its stdout and stderr
+
+
+@pytest.fixture(scope="session")
+def two_process_run(tmp_path_factory: pytest.TempPathFactory) -> ProcessRun:
+    def train(folder: Path) -> str:
+        args = ["trainer.accelerator=cpu", "trainer.devices=2", "debug=limit", *QUIET]
+        result = train_py(*args, cwd=folder)
+        assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+        return result.stdout + result.stderr
+
+    return ProcessRun(*made_once(tmp_path_factory, "two_process_run", train))
 
 
 class _RecordingHandler(SimpleHTTPRequestHandler):

@@ -17,7 +17,9 @@ does (the `compose_config` fixture calls it with tmp_path); `prepare_cfg(*overri
 Results: `read_metrics(run_dir)` reads a run's `csv/metrics.csv` (`last_value` of a metric),
 `read_csv(path)` any CSV file; `folder_contents(folder)` snapshots a folder to compare;
 `in_folder(cfg, folder)` moves a composed run's folder;
-`copy_run(trained_run, folder)` copies the shared trained run to resume or damage.
+`copy_run(trained_run, folder)` copies the shared trained run to resume or damage;
+`made_once(tmp_path_factory, name, make)` makes a folder once per session, for every worker
+(what session fixtures like `trained_run` share).
 
 Trainers: `quiet_trainer(**settings)` for a test's own Trainer.
 
@@ -29,6 +31,7 @@ one; `TINY_CORPUS` and `tiny_experiment` train a language model in seconds.
 """
 
 import csv
+import json
 import logging
 import os
 import shutil
@@ -36,6 +39,7 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,6 +50,7 @@ import pyarrow.csv
 import pyarrow.parquet
 import pytest
 import torch
+from filelock import FileLock
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
@@ -170,6 +175,24 @@ class TrainedRun:
 
 
 TRAINED_RUN = ["trainer.max_epochs=4", *QUIET]
+
+
+def made_once(
+    tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[Path], object]
+) -> tuple[Path, object]:
+    """The folder `name` and what `make(folder)` returned (JSON), made by whichever pytest-xdist
+    worker asks first; the others wait for it and read it. Made once per session, not per worker."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:  # one process: its own temporary folder
+        folder = tmp_path_factory.mktemp(name)
+        return folder, make(folder)
+    # Workers of one session share the parent of their temporary folders.
+    folder = tmp_path_factory.getbasetemp().parent / name
+    done = folder.with_name(f"{name}.json")
+    with FileLock(str(folder) + ".lock"):
+        if not done.is_file():
+            folder.mkdir(exist_ok=True)
+            done.write_text(json.dumps(make(folder)))
+    return folder, json.loads(done.read_text())
 
 
 def copy_run(trained: TrainedRun, folder: Path) -> Path:

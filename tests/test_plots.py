@@ -10,7 +10,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from kindling.callbacks import plots
 from kindling.train import run
 
-from helpers import QUIET, read_metrics, train_py
+from helpers import QUIET, read_metrics
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -106,11 +106,9 @@ def test_nothing_logged_draws_nothing() -> None:
 
 
 @pytest.mark.slow
-def test_confusion_matrix_counts_the_samples_of_every_rank(tmp_path: Path) -> None:
+def test_confusion_matrix_counts_the_samples_of_every_rank(two_process_run) -> None:
     """Two CPU processes, each testing 2 batches of 32: the matrix must hold all 128."""
-    result = train_py("trainer=ddp_cpu", "debug=limit", *QUIET, "hydra.run.dir=ddp", cwd=tmp_path)
-    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
-    run_dir = tmp_path / "ddp"
+    (run_dir,) = (two_process_run.cwd / "logs" / "debug" / "runs").iterdir()
     counts = np.loadtxt(run_dir / "confusion_matrix.csv", delimiter=",")
     assert counts.sum() == 2 * 2 * 32
     rows = read_metrics(run_dir)

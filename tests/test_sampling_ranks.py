@@ -53,7 +53,11 @@ def sample_under_fsdp(rank: int, port: int, folder: Path) -> None:
 
 @pytest.mark.slow
 def test_every_rank_samples_the_whole_model_under_fsdp(tmp_path: Path) -> None:
-    mp.spawn(sample_under_fsdp, args=(free_port(), tmp_path), nprocs=2)
+    # Forked from this process, which has imported all they need (spawned, each would import
+    # torch and kindling again: seconds each).
+    mp.start_processes(
+        sample_under_fsdp, args=(free_port(), tmp_path), nprocs=2, start_method="fork"
+    )
     unsharded = tiny_language_model().sample("Flat", 30, seed=1)
     assert (tmp_path / "rank0.txt").read_text() == unsharded
     assert (tmp_path / "rank1.txt").read_text() == unsharded

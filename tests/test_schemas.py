@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 from kindling import schemas
 
-from helpers import ROOT
+from helpers import ROOT, made_once
 
 FORKERS_NET = '''
 from typing import Literal
@@ -49,17 +49,21 @@ optimizer:
 """
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def generated(tmp_path_factory):
     """The one command run in a copy of the repository whose configs add `model/mine.yaml`,
-    a model config naming the forker's own class."""
-    root = tmp_path_factory.mktemp("repository")
-    shutil.copytree(ROOT / "configs", root / "configs", ignore=shutil.ignore_patterns("local"))
-    (root / "configs/model/mine.yaml").write_text(MINE)
-    (root / "kindling_test_forkers_net.py").write_text(textwrap.dedent(FORKERS_NET))
-    with pytest.MonkeyPatch.context() as patch:
-        patch.syspath_prepend(str(root))
-        schemas.write(root)
+    a model config naming the forker's own class: once for the session (it takes tens of
+    seconds), whichever worker asks first."""
+
+    def write(root):
+        shutil.copytree(ROOT / "configs", root / "configs", ignore=shutil.ignore_patterns("local"))
+        (root / "configs/model/mine.yaml").write_text(MINE)
+        (root / "kindling_test_forkers_net.py").write_text(textwrap.dedent(FORKERS_NET))
+        with pytest.MonkeyPatch.context() as patch:
+            patch.syspath_prepend(str(root))
+            schemas.write(root)
+
+    root, _ = made_once(tmp_path_factory, "schemas_generated", write)
     return root
 
 

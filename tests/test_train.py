@@ -120,14 +120,10 @@ def test_train_py_multirun_one_folder_per_model(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_train_py_two_cpu_processes(tmp_path: Path) -> None:
-    result = train_py(
-        "trainer.accelerator=cpu", "trainer.devices=2", "debug=limit", *QUIET, cwd=tmp_path
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    (run_dir,) = (tmp_path / "logs" / "debug" / "runs").iterdir()
+def test_train_py_two_cpu_processes(two_process_run) -> None:
+    (run_dir,) = (two_process_run.cwd / "logs" / "debug" / "runs").iterdir()
     assert (run_dir / "checkpoints" / "last.ckpt").is_file()
-    assert "Starting with 2 processes" in result.stdout + result.stderr
+    assert "Starting with 2 processes" in two_process_run.output
     rows = read_metrics(run_dir)
     # Each epoch's metrics are written once (rank 0's logger), not once per process.
     for name in ("train/acc", "val/acc", "test/acc"):
