@@ -82,6 +82,9 @@ def test_statistics_come_from_the_training_split_alone(tmp_path: Path) -> None:
 FEATURES = 3
 FAMILIES = {
     "rnn": lambda: RNNClassifier(None, 4, hidden_size=16, num_features=FEATURES),
+    "rnn_max": lambda: RNNClassifier(
+        None, 4, hidden_size=16, num_features=FEATURES, bidirectional=True, pooling="max"
+    ),
     "lstm": lambda: LSTMClassifier(None, 4, hidden_size=16, num_features=FEATURES),
     "gru_bidirectional": lambda: GRUClassifier(
         None, 4, hidden_size=16, num_features=FEATURES, bidirectional=True

@@ -6,7 +6,7 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.utils.rnn import pack_padded_sequence
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from kindling.models.blocks import ConvStem, as_steps, step_features, steps_per_patch
 
@@ -28,7 +28,10 @@ class RecurrentClassifier(nn.Module):
     `(B, T, F)` and `lengths` (give `num_features`, packed: padding never enters the recurrence),
     to `(B, num_classes)`. Long sequences are read in patches of `patch_length` steps, one
     recurrent step each (`blocks.ConvStem`, `stem_width` features; null: from `longest_sequence`,
-    the data's longest, by `blocks.steps_per_patch`; a longer one is read too, in more patches)."""
+    the data's longest, by `blocks.steps_per_patch`; a longer one is read too, in more patches).
+    `pooling`: what the head reads, `last` (the last layer's hidden state after each direction's
+    last step) or `max` (each feature's largest value over the last layer's outputs at every real
+    step: no evidence has to survive the whole recurrence)."""
 
     cell: ClassVar[type[nn.RNNBase]]
 
@@ -44,8 +47,12 @@ class RecurrentClassifier(nn.Module):
         longest_sequence: int | None = None,
         patch_length: int | None = None,
         stem_width: int = 64,
+        pooling: str = "last",
     ):
         super().__init__()
+        if pooling not in ("last", "max"):
+            raise ValueError(f"pooling must be 'last' or 'max', got {pooling!r}")
+        self.pooling = pooling
         features = step_features(image_shape, num_features)
         patch = steps_per_patch(patch_length, None if image_shape else longest_sequence)
         # One step a patch: no stem at all (the net without patches, parameter for parameter).
@@ -66,7 +73,13 @@ class RecurrentClassifier(nn.Module):
             steps = pack_padded_sequence(
                 steps, lengths.cpu(), batch_first=True, enforce_sorted=False
             )
-        _, hidden = self.rnn(steps)
+        outputs, hidden = self.rnn(steps)
+        if self.pooling == "max":
+            if lengths is not None:  # padding is never any sequence's largest value
+                outputs, _ = pad_packed_sequence(
+                    outputs, batch_first=True, padding_value=-torch.inf
+                )
+            return self.head(outputs.amax(dim=1))
         if isinstance(hidden, tuple):  # LSTM returns (h_n, c_n)
             hidden = hidden[0]
         # h_n is (layers * directions, B, hidden): keep the last layer, both directions.
@@ -122,6 +135,10 @@ class UnpackedRecurrent(nn.Module):
                 finals.append(out.gather(1, index))
                 outputs.append(out.gather(1, reverse.expand_as(out)) if backward else out)
             x = torch.cat(outputs, dim=-1)
+        if self.net.pooling == "max":
+            # Outputs at padding are left out, as `forward` leaves them.
+            x = x.masked_fill(positions.unsqueeze(-1) >= ends.unsqueeze(-1), -torch.inf)
+            return self.net.head(x.amax(dim=1))
         return self.net.head(torch.cat(finals, dim=-1).squeeze(1))
 
 
