@@ -1,7 +1,7 @@
 """Recurrent classifiers: an image read row by row, or sequences of different lengths."""
 
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -47,10 +47,10 @@ class RecurrentClassifier(nn.Module):
         longest_sequence: int | None = None,
         patch_length: int | None = None,
         stem_width: int = 64,
-        pooling: str = "last",
+        pooling: Literal["last", "max"] = "last",
     ):
         super().__init__()
-        if pooling not in ("last", "max"):
+        if pooling not in ("last", "max"):  # the Literal hint, for a caller outside the config
             raise ValueError(f"pooling must be 'last' or 'max', got {pooling!r}")
         self.pooling = pooling
         features = step_features(image_shape, num_features)
