@@ -26,8 +26,9 @@ from pathlib import Path
 from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[1]
-# Besides kindling's own requirements: what `pytest -m gpu` imports (tests/conftest.py).
-TEST_RUNNER = ["pytest", "pytest-xdist", "filelock"]
+# Besides kindling's own requirements: what `pytest -m gpu` imports. Collecting the gpu tests
+# imports every test module, so a package any of them imports at the top is needed too.
+TEST_RUNNER = ["pytest", "pytest-xdist", "filelock", "jsonschema"]
 PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in (17, 24, 27, 28, 31, 34, 35, 39)]
 PLATFORMS += ["manylinux2014_x86_64", "manylinux1_x86_64"]
 

@@ -1,6 +1,8 @@
 """The prepared GPU check (benchmarks/gpu_check.py) cannot rot between GPU runs: its CPU dry run
 goes through every step, and a step that hangs costs its own time limit, not the rest."""
 
+import ast
+import importlib.metadata as metadata
 import json
 import subprocess
 import sys
@@ -69,3 +71,22 @@ def test_the_wheels_are_what_kindling_needs_and_the_gpu_machine_lacks() -> None:
     # What it has, and what only a package it has needs (its own requirements are there too).
     assert not {"torch", "lightning", "pytest", "numpy", "nvidia-cublas"} & set(missing)
     assert "kindling" in missing  # travels as source: main() leaves it out of the downloads
+
+
+def test_the_gpu_machine_can_import_every_test_module() -> None:
+    """`pytest -m gpu` collects every test module first: one import the machine cannot satisfy
+    stops the whole step (jsonschema did, on an H100)."""
+    have = gpu_wheels.machine_packages(ROOT / "benchmarks" / "gpu_machine.txt")
+    there = have | set(gpu_wheels.missing_requirements(["kindling", *gpu_wheels.TEST_RUNNER], have))
+    local = {p.stem for p in [*(ROOT / "tests").glob("*.py"), *(ROOT / "benchmarks").glob("*.py")]}
+    distributions = metadata.packages_distributions()
+    local.add("kindling")
+    lacking = set()
+    for test_file in (ROOT / "tests").glob("*.py"):
+        for node in ast.parse(test_file.read_text()).body:  # top-level imports only
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names += [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            for top in {name.split(".")[0] for name in names} - local - sys.stdlib_module_names:
+                if not {gpu_wheels.normalise(d) for d in distributions[top]} & there:
+                    lacking.add(f"{test_file.name}: {top}")
+    assert not lacking
