@@ -7,6 +7,7 @@ HTTP server.
 
 import shutil
 import socket
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,7 +29,7 @@ from kindling.data.torchvision_datasets import (
     MNISTDataModule,
 )
 
-from helpers import compose_in
+from helpers import PYTHON, compose_in
 from torchvision_files import (
     CIFAR10_ARCHIVE,
     CIFAR10_FOLDER,
@@ -181,6 +182,24 @@ def test_digits_batches_have_the_configured_size(digits: DigitsDataModule) -> No
 def test_loader_before_setup_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="setup"):
         make_digits(tmp_path).train_dataloader()
+
+
+@pytest.mark.slow
+def test_a_process_that_iterated_a_loader_with_workers_exits(tmp_path: Path) -> None:
+    """The workers ignore SIGTERM (a terminal's or scancel's signal reaches them too), the one
+    Python's exit ends them with: the script must still end, and without an error."""
+    script = (
+        "from kindling.data.digits import DigitsDataModule\n"
+        "dm = DigitsDataModule('.', num_classes=10, image_shape=[1, 8, 8], num_workers=2)\n"
+        "dm.setup('fit')\n"
+        "loader = dm.train_dataloader()  # alive at exit, with its workers\n"
+        "print(sum(len(labels) for _, labels in loader))\n"
+    )
+    done = subprocess.run(
+        [*PYTHON, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, "1294"), done.stderr
+    assert "Error" not in done.stderr, done.stderr
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,8 +1,10 @@
 """What every kindling data module shares: a global batch size and its DataLoaders."""
 
+import atexit
 import functools
 import itertools
 import math
+import multiprocessing
 import os
 import signal
 from collections.abc import Iterator
@@ -120,6 +122,18 @@ def leave_stop_signals_to_the_main_process(worker_id: int, rank: int) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if int(os.environ.get("PL_SEED_WORKERS", 0)):  # Lightning seeds only a loader without one
         pl_worker_init_function(worker_id, rank)
+
+
+@atexit.register  # after multiprocessing's own exit hook (torch imported it), so it runs first
+def _kill_loader_workers_at_exit() -> None:
+    """Python's exit terminates daemonic children (loader workers) with SIGTERM, then waits for
+    them: workers that ignore it would keep a process that iterated a loader itself from ever
+    exiting. At exit they are killed instead (without torch's check of its workers, which would
+    report the kill as a failure); a Trainer has ended its own by then."""
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    for child in multiprocessing.active_children():
+        if child.daemon:
+            child.kill()
 
 
 class SplitDataModule(L.LightningDataModule):
