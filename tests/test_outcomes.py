@@ -35,7 +35,7 @@ from helpers import QUIET, ROOT, importable, pattern_rows, prepare_cfg, train_py
 # runs (a streamed epoch's order depends on which worker is first), not by five.
 FOLDER = ["data=image_folder", "data.image_size=8", "data.channels=1", "data.test_fraction=0.3"]
 # The same settings for every data path: no augmentation (flips do not suit digits).
-SETTINGS = ["data/augment=none", "trainer.max_epochs=6", "callbacks.early_stopping=null", *QUIET]
+SETTINGS = ["data/augment=none", "trainer.max_epochs=6", *QUIET]
 # A CNN on 8x8 digits tests at 0.975-0.995 with a loss of 0.05-0.09 after 6 epochs, whichever
 # the path; a copy streamed in its source's order (batches of one or two classes) at 0.90-0.98
 # with a loss of 0.26-0.40: the loss is what tells them apart.
@@ -194,7 +194,7 @@ def test_a_run_killed_twice_and_resumed_keeps_every_epochs_metrics(tmp_path: Pat
     CSV file and in the TensorBoard events, once each. (Lightning's Trainer saves each logger
     after every call that logs; a logger that buffered would lose rows its checkpoint covers.)"""
     (tmp_path / "kill_after_checkpoint.py").write_text(KILL_AFTER_CHECKPOINT)
-    args = ["trainer=cpu", "trainer.max_epochs=6", "callbacks.early_stopping=null",
+    args = ["trainer=cpu", "trainer.max_epochs=6",
             "logger=[csv,tensorboard]", "hydra.run.dir=run", *QUIET]  # fmt: skip
     resume_from_last = [f"ckpt_path={tmp_path / 'run' / 'checkpoints' / 'last.ckpt'}"]
     for epoch, resume in ((2, []), (4, resume_from_last)):
@@ -247,7 +247,7 @@ SEQUENCE_PATHS = {
 # the table's order (batches of mostly one class) at 0.53, one served unstandardised at 0.33.
 SEQUENCE_SETTINGS = [
     "model=lstm", "model.net.hidden_size=32", "model.optimizer.lr=0.003", "data.batch_size=16",
-    "data.num_workers=0", "trainer=cpu", "trainer.max_epochs=12", "callbacks.early_stopping=null",
+    "data.num_workers=0", "trainer=cpu", "trainer.max_epochs=12",
     "callbacks.plots=null", *QUIET,
 ]  # fmt: skip
 
