@@ -157,12 +157,12 @@ def plain_loop(checkpoint: Path) -> dict[str, float]:
 def test_the_test_loss_is_the_same_on_one_and_two_processes(trained_run, tmp_path: Path) -> None:
     """The loss is a mean over samples: how the split is cut into batches and processes does
     not change it (a mean of batch means would), and it is what a plain loop computes."""
-    one = metrics(trained_run.run_dir)
-    plain = plain_loop(trained_run.best_checkpoint)
+    one = metrics(trained_run.run_dir)  # the run tested the weights it ended with: last.ckpt's
+    plain = plain_loop(trained_run.last_checkpoint)
     assert one["test/acc"] == pytest.approx(plain["test/acc"], abs=1e-6)
     assert one["test/loss"] == pytest.approx(plain["test/loss"], abs=1e-5)
     result = train_py(
-        "train=false", f"ckpt_path={trained_run.best_checkpoint}", "trainer.accelerator=cpu",
+        "train=false", f"ckpt_path={trained_run.last_checkpoint}", "trainer.accelerator=cpu",
         "trainer.devices=2", "data.batch_size=48", *QUIET, cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]

@@ -20,6 +20,7 @@ from lightning.pytorch.callbacks import (
     ModelSummary,
     ProgressBar,
 )
+from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -275,7 +276,7 @@ def _tested_checkpoint(trainer: L.Trainer) -> str | None:
     early stopping ended training, its best checkpoint instead, found again if the run folder
     moved. A validation split of a few samples cannot choose an epoch (docs/data.md)."""
     stopper = trainer.early_stopping_callback
-    if stopper is None or not stopper.stopped_epoch:
+    if stopper is None or stopper.stopping_reason == EarlyStoppingReason.NOT_STOPPED:
         return None
     callback = trainer.checkpoint_callback
     if not (callback and callback.best_model_path):

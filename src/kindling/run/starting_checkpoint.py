@@ -136,4 +136,3 @@ def check_training_left(checkpoint: dict[str, Any], path: Path | str, trainer: D
         f"{path} has finished training: {done}. To train further, resume with a larger "
         f"{further}; to test it again (in a folder of its own), train=false ckpt_path={path}."
     )
-
