@@ -129,7 +129,7 @@ def main() -> None:
                     f"data.batch_size={args.batch_size}",
                     f"seed={seed}", "trainer=cpu", f"trainer.max_epochs={args.epochs}",
                     f"trainer.check_val_every_n_epoch={args.val_every}",
-                    "callbacks.early_stopping=null", "callbacks.rich_progress_bar=null",
+                    "callbacks.rich_progress_bar=null",
                     "callbacks.rich_model_summary=null", "callbacks.plots=null", "logger=csv",
                 ]  # fmt: skip
                 start = time.perf_counter()

@@ -73,7 +73,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args()
-    train_args = [f"trainer.max_epochs={args.epochs}", "callbacks.early_stopping=null"]
+    train_args = [f"trainer.max_epochs={args.epochs}"]
     results: dict[str, list[dict[str, float]]] = {side: [] for side in SIDES}
     for repeat in range(args.repeats):
         for side in SIDES if repeat % 2 == 0 else SIDES[::-1]:

@@ -89,7 +89,7 @@ def compose_lm(args: argparse.Namespace, text: Path, out: Path):
         "model.sample_length=0", f"trainer.max_steps={args.warmup + args.steps}",
         "trainer.max_epochs=-1", "trainer.limit_train_batches=1.0", "trainer.limit_val_batches=0",
         "trainer.num_sanity_val_steps=0", "trainer.enable_checkpointing=false",
-        "callbacks.early_stopping=null", "callbacks.rich_progress_bar=null",
+        "callbacks.rich_progress_bar=null",
         "callbacks.rich_model_summary=null", "callbacks.plots=null", "logger=none",
         "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false",
     ]  # fmt: skip

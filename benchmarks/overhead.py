@@ -113,7 +113,7 @@ def compose_kindling(
         cfg = compose(
             "train",
             [f"model={model}", f"trainer.accelerator={accelerator}", f"trainer.max_epochs={epochs}",
-             "data=mnist", "callbacks.early_stopping.patience=1000", *overrides],
+             "data=mnist", *overrides],
             return_hydra_config=True,
         )  # fmt: skip
     GlobalHydra.instance().clear()

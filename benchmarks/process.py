@@ -41,7 +41,7 @@ def wall_time(command: list[str], cwd: Path) -> float:
 def commands(workload: str, epochs: int, accelerator: str, data_dir: Path) -> dict[str, list]:
     kindling = [
         sys.executable, str(ROOT / "train.py"), f"trainer.max_epochs={epochs}",
-        f"trainer.accelerator={accelerator}", "callbacks.early_stopping=null",
+        f"trainer.accelerator={accelerator}",
     ]  # fmt: skip
     plain = [sys.executable, str(ROOT / "benchmarks" / "plain_train.py"), f"--epochs={epochs}"]
     lightning = [sys.executable, str(ROOT / "benchmarks" / "lightning_train.py"), *plain[2:]]

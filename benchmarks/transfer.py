@@ -65,7 +65,7 @@ def common(path: Path, net: str, seed: int, epochs: int, batch_size: int) -> lis
         "data=image_folder", f"data.path={path}", "data.image_size=28", "data.channels=1",
         "data/augment=crop", "data.num_workers=0", f"data.batch_size={batch_size}",
         "model=timm", f"model.net.name={net}", f"seed={seed}", "trainer=cpu",
-        f"trainer.max_epochs={epochs}", "callbacks.early_stopping=null",
+        f"trainer.max_epochs={epochs}",
         "callbacks.rich_progress_bar=null", "callbacks.rich_model_summary=null",
         "callbacks.plots=null", "logger=csv",
     ]  # fmt: skip

@@ -156,7 +156,6 @@ def test_callbacks_and_loggers_are_named_entries(compose_config) -> None:
     cfg = compose_config()
     assert set(cfg.callbacks) >= {
         "model_checkpoint",
-        "early_stopping",
         "rich_progress_bar",
         "rich_model_summary",
         "learning_rate_monitor",
@@ -164,6 +163,9 @@ def test_callbacks_and_loggers_are_named_entries(compose_config) -> None:
     }
     assert cfg.callbacks.model_checkpoint.monitor == "val/loss"
     assert cfg.callbacks.last_checkpoint.filename == "last"
+    assert "early_stopping" not in cfg.callbacks  # the whole schedule, then its last weights
+    stopping = compose_config("callbacks=[default,early_stopping]").callbacks.early_stopping
+    assert stopping.monitor == "val/loss"
     # One key moves every checkpoint, e.g. to object storage.
     moved = compose_config("callbacks.model_checkpoint.dirpath=memory://bucket/checkpoints")
     assert {moved.callbacks[name].dirpath for name in ("last_checkpoint", "step_checkpoint")} == {

@@ -84,7 +84,7 @@ MISTAKES = {
         "CNNClassifier, conv_block, require_images)",
     ),
     "callback value": (
-        ["callbacks.early_stopping.mode=sideways"],
+        ["callbacks=[default,early_stopping]", "callbacks.early_stopping.mode=sideways"],
         "callbacks.early_stopping (lightning.pytorch.callbacks.EarlyStopping) refused its "
         "values: `mode` can be min, max, got sideways. Check the values under "
         "callbacks.early_stopping; you set callbacks.early_stopping.mode=sideways.",

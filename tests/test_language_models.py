@@ -329,7 +329,7 @@ def test_the_nanogpt_recipe_runs_by_steps_and_tests_on_the_validation_text(
         "experiment=charlm_shakespeare", "data.download=null", f"data.path={corpus}",
         "data.context_length=16", "data.batch_size=4", "model.net.d_model=32",
         "model.net.num_layers=1", "model.net.num_heads=2", "model.sample_length=0",
-        "trainer=cpu", "trainer.max_steps=12", "trainer.val_check_interval=5", *QUIET,
+        "trainer=cpu", "trainer.max_steps=10", "trainer.val_check_interval=5", *QUIET,
     )  # fmt: skip
     with open_dict(cfg):
         cfg.trainer.limit_train_batches = 7
@@ -339,7 +339,8 @@ def test_the_nanogpt_recipe_runs_by_steps_and_tests_on_the_validation_text(
     test = [float(r["test/loss"]) for r in rows if r.get("test/loss")]
     assert sorted(val) == [4, 9]  # every 5 steps, across the 2 epochs of 7 steps
     assert value == pytest.approx(val[9])
-    assert test == [pytest.approx(min(val.values()), rel=1e-5)]  # the best checkpoint, same text
+    # The weights it ended with (validated at its last step), on the same text.
+    assert test == [pytest.approx(val[9], rel=1e-5)]
 
 
 def sampled(argv: list[str]) -> str:

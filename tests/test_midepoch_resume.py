@@ -26,7 +26,7 @@ from helpers import ON_GPU, QUIET, in_folder
 SHORT = [
     "trainer=cpu", "trainer.deterministic=true", "seed=3", "test=false", "trainer.max_epochs=2",
     "trainer.limit_train_batches=6", "trainer.limit_val_batches=2", "data.batch_size=16",
-    "callbacks.early_stopping=null", "callbacks.plots=null", *QUIET,
+    "callbacks.plots=null", *QUIET,
 ]  # fmt: skip
 STOP_AT = 9
 
@@ -223,7 +223,7 @@ ELSEWHERE = [
 def test_a_run_resumed_on_another_device_goes_on_learning(
     compose_config, tmp_path: Path, first: list[str], then: list[str]
 ) -> None:
-    common = ["test=false", "trainer.limit_train_batches=8", "callbacks.early_stopping=null",
+    common = ["test=false", "trainer.limit_train_batches=8",
               "callbacks.plots=null", *QUIET]  # fmt: skip
     run(compose_config(*first, "trainer.max_epochs=2", *common))
     checkpoint = tmp_path / "run" / "checkpoints" / "last.ckpt"

@@ -228,7 +228,7 @@ SEQUENCE_RUN = [
     "data=sequences", "data.min_epoch_size=0", "data.batch_size=16", "model=temporal_conv",
     "model.net.channels=[16,32]",
     "model.net.kernel_sizes=[5,3]", "model.optimizer.lr=0.003", "trainer=cpu",
-    "trainer.max_epochs=12", "callbacks.early_stopping=null", "callbacks.plots=null", "test=false",
+    "trainer.max_epochs=12", "callbacks.plots=null", "test=false",
     *QUIET,
 ]  # fmt: skip
 

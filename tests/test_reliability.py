@@ -110,8 +110,8 @@ def test_test_only_run_reports_the_training_runs_test_accuracy(
     compose_config, tmp_path, trained_run
 ) -> None:
     trained = last_value(read_metrics(trained_run.run_dir), "test/acc")
-    best = trained_run.best_checkpoint
-    cfg = compose_config("train=false", f"ckpt_path={best}", "trainer=cpu", *QUIET)
+    last = trained_run.last_checkpoint  # the weights the run ended with, which it tested
+    cfg = compose_config("train=false", f"ckpt_path={last}", "trainer=cpu", *QUIET)
     run(in_folder(cfg, tmp_path / "tested"))
     assert last_value(read_metrics(tmp_path / "tested"), "test/acc") == pytest.approx(trained)
 
@@ -180,7 +180,7 @@ def test_a_failed_write_keeps_the_previous_checkpoint(tmp_path: Path, monkeypatc
 @pytest.mark.slow
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_interrupted_run_saves_a_checkpoint_and_resumes(tmp_path: Path, sig, code) -> None:
-    args = ["trainer=cpu", "trainer.max_epochs=200", "callbacks.early_stopping=null", *QUIET]
+    args = ["trainer=cpu", "trainer.max_epochs=200", *QUIET]
     process = start_train_py(*args, "hydra.run.dir=run", cwd=tmp_path, ctrl_c=True)
     checkpoints = tmp_path / "run" / "checkpoints"
     # Generous: a loaded machine may take minutes to start and train one epoch; a signal sent
@@ -318,7 +318,7 @@ def test_last_checkpoint_is_the_last_epoch_when_the_best_is_older(
     # epoch 0 while last.ckpt must follow every epoch.
     cfg = compose_config(
         *REPRODUCIBLE, "trainer.max_epochs=3", "debug=limit", "model=transformer",
-        "model.optimizer.lr=0", "model.scheduler=null", "callbacks.early_stopping=null",
+        "model.optimizer.lr=0", "model.scheduler=null",
     )  # fmt: skip
     run(cfg)
     checkpoints = Path(cfg.paths.output_dir) / "checkpoints"

@@ -142,7 +142,7 @@ def test_a_position_the_new_processes_cannot_share_is_refused() -> None:
 # an epoch on 1 process or 2. Three epochs, stopped by SIGTERM in the second.
 RUN = [
     "trainer.max_epochs=3", "data.val_fraction=0.1099", "data.batch_size=128", "test=false",
-    "trainer.limit_val_batches=1", "callbacks.early_stopping=null", "callbacks.plots=null",
+    "trainer.limit_val_batches=1", "callbacks.plots=null",
     *QUIET,
 ]  # fmt: skip
 STOP_AT = 14

@@ -164,7 +164,7 @@ def test_every_family_learns_where_a_pattern_lies(
         "data=sequences", f"data.path={table}", "data.batch_size=16", f"model={model}",
         "data.min_epoch_size=0",
         *SMALL[model], "model.optimizer.lr=0.003", f"trainer={trainer}", "trainer.max_epochs=12",
-        "callbacks.early_stopping=null", "callbacks.plots=null", *QUIET,
+        "callbacks.plots=null", *QUIET,
     )  # fmt: skip
     run(cfg)  # reads the feature and class counts from the table into the config
     assert cfg.model.net.num_features == 3 and cfg.model.num_classes == 3
@@ -268,7 +268,7 @@ def test_two_processes_learn_sequences_and_test_each_one_once(tmp_path: Path) ->
         "data=sequences", f"data.path={table}", "data.batch_size=16", "model=gru",
         "data.min_epoch_size=0",
         "model.net.hidden_size=32", "model.net.bidirectional=true", "trainer.accelerator=cpu",
-        "callbacks.early_stopping=null", *QUIET,
+        *QUIET,
     ]  # fmt: skip
     trained = train_py(
         *common, "trainer.devices=2", "data.bucket=true", "model.optimizer.lr=0.003",

@@ -11,7 +11,7 @@ from kindling.callbacks.divergence import DivergenceError
 from kindling.config.errors import UserError
 from kindling.train import run, train_and_test
 
-from helpers import QUIET, last_value, options, read_metrics, train_py
+from helpers import QUIET, compose_in, last_value, options, read_metrics, train_py
 
 
 @pytest.mark.parametrize("model", options("model"))
@@ -264,6 +264,30 @@ def test_model_summary_shows_flops_and_sizes_of_one_example_image(compose_config
     compiled = instantiate(compose_config(f"model={model}", "model.compile=true").model)
     assert compiled.example_input_array is None
     assert ModelSummary(compiled, max_depth=1).total_flops == 0
+
+
+EARLY_STOPPING = ["callbacks=[default,early_stopping]", "callbacks.early_stopping.patience=1"]
+
+
+@pytest.mark.parametrize(
+    ("stopping", "tested"),
+    [([], "last.ckpt"), ([*EARLY_STOPPING, "callbacks.early_stopping.mode=max"], "epoch_000.ckpt")],
+    ids=["whole schedule", "stopped early"],
+)
+def test_a_run_tests_the_weights_it_ended_with_or_where_early_stopping_ended_it_its_best(
+    tmp_path: Path, stopping: list[str], tested: str
+) -> None:
+    """A validation split of a few samples cannot choose an epoch: a run tests the end of its
+    schedule. Here the best checkpoint is the first epoch's (val/loss chosen at its highest)."""
+    common = ["trainer=cpu", "debug=limit", "trainer.max_epochs=3", "optimized_metric=null"]
+    common += ["callbacks.model_checkpoint.mode=max", *QUIET]
+    run(compose_in(tmp_path / "fit", *common, *stopping))
+    checkpoint = tmp_path / "fit" / "run" / "checkpoints" / tested
+    run(compose_in(tmp_path / "again", *common, "train=false", f"ckpt_path={checkpoint}"))
+    test_loss = [
+        last_value(read_metrics(tmp_path / f / "run"), "test/loss") for f in ("fit", "again")
+    ]
+    assert test_loss[0] == pytest.approx(test_loss[1], rel=1e-6)
 
 
 def test_a_run_that_stops_before_its_first_validation_still_finishes(compose_config) -> None:

@@ -20,6 +20,7 @@ from lightning.pytorch.callbacks import (
     ModelSummary,
     ProgressBar,
 )
+from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -153,8 +154,8 @@ def train_and_test(cfg: DictConfig) -> float | None:
     metrics = dict(trainer.callback_metrics)
 
     if cfg.get("test"):
-        best = _best_checkpoint(trainer) if cfg.get("train") else checkpoint
-        trainer.test(model=model, datamodule=datamodule, ckpt_path=best)
+        tested = _tested_checkpoint(trainer) if cfg.get("train") else checkpoint
+        trainer.test(model=model, datamodule=datamodule, ckpt_path=tested)
         metrics.update(trainer.callback_metrics)
 
     job_record.save_results(metrics, cfg.paths.output_dir)
@@ -270,8 +271,13 @@ def run_summary(trainer: L.Trainer, metrics: dict, run_dir: str | Path) -> str:
     return "\n".join([*lines, f"Run folder: {run_dir}"])
 
 
-def _best_checkpoint(trainer: L.Trainer) -> str | None:
-    """The best checkpoint of this fit, found again if its run folder was moved since."""
+def _tested_checkpoint(trainer: L.Trainer) -> str | None:
+    """None, the weights training ended with (the end of the learning-rate schedule); where
+    early stopping ended training, its best checkpoint instead, found again if the run folder
+    moved. A validation split of a few samples cannot choose an epoch (docs/data.md)."""
+    stopper = trainer.early_stopping_callback
+    if stopper is None or stopper.stopping_reason == EarlyStoppingReason.NOT_STOPPED:
+        return None
     callback = trainer.checkpoint_callback
     if not (callback and callback.best_model_path):
         rank_zero_warn("No best checkpoint was saved: testing the weights at the end of training.")

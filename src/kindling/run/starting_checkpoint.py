@@ -132,21 +132,7 @@ def check_training_left(checkpoint: dict[str, Any], path: Path | str, trainer: D
         further = f"trainer.max_steps={2 * max_steps}"
     else:
         return
-    best = _best_checkpoint(checkpoint, path) or "<checkpoint>"
     raise UserError(
         f"{path} has finished training: {done}. To train further, resume with a larger "
-        f"{further}; to test it again (in a folder of its own), train=false ckpt_path={best}."
+        f"{further}; to test it again (in a folder of its own), train=false ckpt_path={path}."
     )
-
-
-def _best_checkpoint(checkpoint: dict[str, Any], path: Path | str) -> Path | None:
-    """The best checkpoint of the run that saved `checkpoint`, found beside `path` (the run folder
-    may have moved since), or None."""
-    if is_url(path):
-        return None
-    for name, state in checkpoint.get("callbacks", {}).items():
-        if name.startswith("ModelCheckpoint") and state.get("best_model_score") is not None:
-            best = Path(path).parent / Path(state["best_model_path"]).name
-            if best.is_file():
-                return best
-    return None
