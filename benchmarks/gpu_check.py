@@ -1,6 +1,8 @@
-"""The GPU check: kindling's CUDA paths and GPU numbers, in one command of at most 550 s.
+"""The GPU check: kindling's CUDA paths and GPU numbers, in at most 655 s (the steps' limits).
 
     bash benchmarks/gpu_check.sh             # on the GPU machine (installs .whl/ first, if there)
+    bash benchmarks/gpu_check.sh --only device gpu_tests              # or in two calls of at most
+    bash benchmarks/gpu_check.sh --only default_run overhead language_model ddp  # 345 s and 310 s
     python benchmarks/gpu_check.py --cpu     # every step tiny, on the CPU: the suite runs this
 
 On a machine without network, fetch what it lacks first, where the package registry is reachable:
@@ -235,9 +237,9 @@ def steps(cpu: bool, work: Path) -> list[Step]:
         else ["trainer=ddp_one_gpu", "trainer.max_epochs=3"]
     )
     return [
-        Step("device", 30, [[PYTHON, "-c", VERSIONS], [PYTHON, "-m", "kindling.device_report"]],
+        Step("device", 45, [[PYTHON, "-c", VERSIONS], [PYTHON, "-m", "kindling.device_report"]],
              read_device),
-        Step("gpu_tests", 210, [[PYTHON, "-m", "pytest", "-m", "gpu", "-n", "0", "-v",
+        Step("gpu_tests", 300, [[PYTHON, "-m", "pytest", "-m", "gpu", "-n", "0", "-v",
                                  "-p", "no:cacheprovider", f"--junitxml={work / 'gpu_tests.xml'}",
                                  str(ROOT / "tests")]], read_junit),
         Step("default_run", 60, [train("default", *tiny),
