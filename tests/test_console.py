@@ -123,6 +123,7 @@ def test_the_console_is_short_ends_with_a_summary_and_train_log_keeps_it(tmp_pat
         assert noise not in console, noise
     summary = console[console.index("Best: val/") :]
     assert summary.splitlines()[1].startswith("Test: test/acc ")
+    assert summary.splitlines()[1].endswith(" (the weights training ended with)")
     assert f"Run folder: {run_dir}" in summary
     log = (run_dir / "train.log").read_text()
     assert "`Trainer.fit` stopped: `max_epochs=2` reached." in log

@@ -153,13 +153,14 @@ def train_and_test(cfg: DictConfig) -> float | None:
         trainer.fit(model=model, datamodule=datamodule, ckpt_path=checkpoint)
     metrics = dict(trainer.callback_metrics)
 
+    tested = None
     if cfg.get("test"):
         tested = _tested_checkpoint(trainer) if cfg.get("train") else checkpoint
         trainer.test(model=model, datamodule=datamodule, ckpt_path=tested)
         metrics.update(trainer.callback_metrics)
 
     job_record.save_results(metrics, cfg.paths.output_dir)
-    rank_zero_info(run_summary(trainer, metrics, cfg.paths.output_dir))
+    rank_zero_info(run_summary(trainer, metrics, cfg.paths.output_dir, tested))
     # A test-only run (train=false) has no validation metrics to return.
     name = cfg.get("optimized_metric") if cfg.get("train") else None
     if name and name not in metrics:
@@ -255,16 +256,22 @@ def _check(cfg: DictConfig) -> str | None:
     return None
 
 
-def run_summary(trainer: L.Trainer, metrics: dict, run_dir: str | Path) -> str:
-    """The best checkpoint and its score, the test metrics, the pictures, the run folder."""
+def run_summary(
+    trainer: L.Trainer, metrics: dict, run_dir: str | Path, tested: str | None = None
+) -> str:
+    """The best checkpoint and its score, the test metrics and the weights they are of (the
+    checkpoint `tested`, or those training ended with), the pictures, the run folder."""
     lines = []
     callback = trainer.checkpoint_callback
     if callback is not None and callback.best_model_path and callback.best_model_score is not None:
         score = float(callback.best_model_score)
         lines.append(f"Best: {callback.monitor} {score:.4f}, {callback.best_model_path}")
-    tested = {k: float(v) for k, v in sorted(metrics.items()) if k.startswith("test/")}
-    if tested:
-        lines.append("Test: " + ", ".join(f"{k} {v:.4f}" for k, v in tested.items()))
+    test = {k: float(v) for k, v in sorted(metrics.items()) if k.startswith("test/")}
+    if test:
+        weights = tested or "the weights training ended with"
+        lines.append(
+            "Test: " + ", ".join(f"{k} {v:.4f}" for k, v in test.items()) + f" ({weights})"
+        )
     pictures = sorted(p.name for p in Path(run_dir).glob("*.png"))
     if pictures:
         lines.append(f"Pictures: {', '.join(pictures)}")
