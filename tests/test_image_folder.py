@@ -13,8 +13,7 @@ from omegaconf import open_dict
 from torchvision.transforms import v2
 
 from kindling.config.errors import UserError
-from kindling.data.gpu_decode import EncodedImageFiles, decode_batch
-from kindling.data.image_folder import STATISTICS_FILE, read_image
+from kindling.data.image_folder import STATISTICS_FILE, EncodedImageFiles, decode_batch, read_image
 from kindling.predict import PredictArgs, predict
 from kindling.train import run
 

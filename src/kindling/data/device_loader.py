@@ -11,23 +11,27 @@ from kindling import internals
 from kindling.data.in_memory import BatchIndexedTensors
 from kindling.data.loaders import EpochPosition
 
-
-def fits_on_device(datamodule: L.LightningDataModule, share: float) -> bool:
-    """Whether the three splits take at most `share` of the CUDA device's free memory, on every
-    rank (all ranks must serve batches the same way, or their steps would not match)."""
-    trainer = datamodule.trainer
-    splits = (datamodule.data_train, datamodule.data_val, datamodule.data_test)
-    size = sum(t.nbytes for split in splits if split is not None for t in split.tensors)
-    free, _total = torch.cuda.mem_get_info(trainer.strategy.root_device)
-    return trainer.strategy.reduce_boolean_decision(size <= share * free)
+# data.on_device=auto: the share of the device's free memory the whole data set may take.
+ON_DEVICE_SHARE = 0.25
 
 
 def serve_on_device(
     datamodule: L.LightningDataModule, dataset: BatchIndexedTensors, shuffle: bool
-) -> "DeviceTensorLoader":
+) -> "DeviceTensorLoader | None":
     """`dataset` copied once to this process's device (without the batch hooks: augmentation
-    belongs to each training batch), and served from there."""
+    belongs to each training batch), and served from there; None where `on_device=auto` finds
+    the splits too large (decided once, on every rank alike)."""
     trainer = datamodule.trainer
+    if datamodule._on_device is None:
+        splits = (datamodule.data_train, datamodule.data_val, datamodule.data_test)
+        size = sum(t.nbytes for split in splits if split is not None for t in split.tensors)
+        fits = datamodule.hparams.on_device is True or (
+            size <= ON_DEVICE_SHARE * torch.cuda.mem_get_info(trainer.strategy.root_device)[0]
+        )
+        # All ranks must serve batches the same way, or their steps would not match.
+        datamodule._on_device = trainer.strategy.reduce_boolean_decision(fits)
+    if not datamodule._on_device:
+        return None
     return DeviceTensorLoader(
         move_data_to_device(dataset.tensors, trainer.strategy.root_device),
         datamodule.batch_size_per_device,

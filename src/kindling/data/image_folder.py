@@ -1,5 +1,6 @@
 """Your own images: a folder of image files in torchvision's ImageFolder layout, decoded in
-DataLoader workers, batched as uint8 and standardised on the device.
+DataLoader workers (or, `decode_device=cuda`, JPEGs in batches on the GPU by nvJPEG), batched as
+uint8 and standardised on the device.
 
 <root>/<class>/<files>                       one pool: val and test are carved from it
 <root>/train/<class>/<files>, [val/, test/]  given splits; an absent one is carved from train
@@ -7,21 +8,20 @@ DataLoader workers, batched as uint8 and standardised on the device.
 
 import json
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 from PIL import Image
-from torch.utils.data import DataLoader, Dataset, get_worker_info
-from torchvision.io import ImageReadMode, decode_image
+from torch.utils.data import DataLoader, Dataset, default_collate, get_worker_info
+from torchvision.io import ImageReadMode, decode_image, decode_jpeg, read_file
 from torchvision.transforms.v2.functional import pil_to_tensor, resize
 
 from kindling.config.errors import UserError
 from kindling.data.augment import Transform, worker_transform
-from kindling.data.gpu_decode import EncodedImageFiles, check_decode_device, decode_batch
-from kindling.data.loaders import PREDICT_SPLITS, SplitDataModule, per_device_batch_size
-from kindling.data.splits import check_folds, split_off
+from kindling.data.loaders import SplitDataModule
+from kindling.data.splits import split_off
 from kindling.files import write_atomically
 
 log = logging.getLogger(__name__)
@@ -32,6 +32,8 @@ IMAGE_SUFFIXES = frozenset(
     {".png", ".jpg", ".jpeg", ".gif", ".webp", ".bmp", ".tif", ".tiff", ".ppm", ".pgm"}
 )
 SPLITS = ("train", "val", "test")
+STATISTICS_FILE = ".kindling_statistics.json"  # beside the data, in data.path
+JPEG_MAGIC = b"\xff\xd8\xff"
 
 Samples = list[tuple[Path, int]]  # (file, class index)
 
@@ -43,12 +45,12 @@ def image_files(folder: Path) -> tuple[list[Path], int]:
     return files, len(paths) - len(files)
 
 
-def class_folders(folder: Path) -> list[str]:
+def class_folders(folder: Path) -> list[str]:  # sorted, not hidden
     return sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
 def class_names(root: str | Path) -> list[str]:
-    """The class names of an image folder: the subfolders of `<root>/train`, or of `<root>`."""
+    """The subfolders of `<root>/train`, or of `<root>`."""
     root = Path(root)
     if not root.is_dir():
         raise UserError(
@@ -134,9 +136,8 @@ class ImageFiles(Dataset):
     `predicting`: `(image, row, readable)` instead, a blank image where a file is unreadable.
 
     In a worker its state is the worker's torch generator, which `transform` draws from:
-    torchdata's `StatefulDataLoader` saves it with the loader's position, so a run resumed
-    mid-epoch augments the rest of the epoch as it would have. `rank` (set by the data module)
-    keeps one process's generators from being given to another's workers.
+    torchdata's `StatefulDataLoader` saves it, so a run resumed mid-epoch augments the rest of
+    the epoch as it would have. `rank` keeps one process's generators from another's workers.
     """
 
     def __init__(
@@ -144,7 +145,7 @@ class ImageFiles(Dataset):
         samples: list[tuple[Path, int]],
         channels: int,
         size: int,
-        transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        transform: Transform | None = None,
         predicting: bool = False,
     ):
         self.samples, self.channels, self.size = samples, channels, size
@@ -202,12 +203,8 @@ def files_to_predict(folder: str | Path, channels: int, size: int) -> tuple[Data
     return ImageFiles(rows, channels, size, predicting=True), [str(f) for f in files]
 
 
-Statistics = tuple[list[float], list[float]]  # mean, std per channel, in [0, 1] units
-
-
-def channel_statistics(dataset: Dataset, sample: int, seed: int = 0) -> Statistics:
-    """Of up to `sample` images of `dataset` (uint8 `(C, H, W)`, all one size), chosen with
-    `seed`."""
+def channel_statistics(dataset: Dataset, sample: int, seed: int = 0) -> tuple[list, list]:
+    """Mean and std per channel, in [0, 1] units, of up to `sample` images of `dataset`."""
     generator = torch.Generator().manual_seed(seed)
     indices = torch.randperm(len(dataset), generator=generator)[:sample].tolist()
     images = (dataset[i][0].double().div_(255.0).flatten(1) for i in indices)  # (C, H*W) each
@@ -218,50 +215,57 @@ def channel_statistics(dataset: Dataset, sample: int, seed: int = 0) -> Statisti
     return mean.tolist(), std.clamp_min(1e-6).tolist()
 
 
-def cached_statistics(cache: Path, key: str, compute: Callable[[], Statistics]) -> Statistics:
-    """The statistics stored under `key` in the JSON file `cache`, or `compute()` stored there
-    (where the folder can be written to)."""
-    try:
-        stored = json.loads(cache.read_text())
-    except (OSError, ValueError):  # none yet, or unreadable
-        stored = {}
-    if key in stored:
-        return stored[key]["mean"], stored[key]["std"]
-    mean, std = compute()
-    stored[key] = {"mean": mean, "std": std}
-    # Processes of a multi-device run may write it at the same time.
-    text = json.dumps(stored, indent=1).encode()
-    try:
-        write_atomically(cache, lambda file: file.write(text))
-    except OSError as error:
-        log.info("Could not cache image statistics in %s (%s).", cache, error)
-    return mean, std
-
-
 def to_model_input(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
     """uint8 `(B, C, H, W)` -> float32, standardised per channel (`mean`, `std` in [0, 1] units,
-    shaped `(1, C, 1, 1)` on the images' device): one fused pass where the batch already is."""
+    shaped `(1, C, 1, 1)` on the images' device)."""
     return images.float().sub_(mean * 255.0).div_(std * 255.0)
 
 
-STATISTICS_FILE = ".kindling_statistics.json"  # beside the data, in data.path
+class EncodedImageFiles(Dataset):
+    """`(file bytes, label)` of `(file, label)` samples, for `decode_batch`."""
+
+    def __init__(self, samples: Samples):
+        self.samples = samples
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        path, label = self.samples[index]
+        return read_file(str(path)), label
+
+    @staticmethod
+    def collate(batch: list[tuple[torch.Tensor, int]]) -> tuple[list[torch.Tensor], torch.Tensor]:
+        # Files differ in length: a list of byte tensors.
+        return [data for data, _ in batch], default_collate([label for _, label in batch])
+
+
+def decode_batch(
+    encoded: list[torch.Tensor],
+    device: torch.device,
+    channels: int,
+    size: int,
+    transform: Transform | None = None,
+) -> torch.Tensor:
+    """uint8 `(B, channels, size, size)` on `device`: JPEGs decoded there in one call, other
+    formats decoded on the CPU (torchvision.io) and copied."""
+    mode = ImageReadMode.GRAY if channels == 1 else ImageReadMode.RGB
+    is_jpeg = [bytes(data[:3].tolist()) == JPEG_MAGIC for data in encoded]
+    jpegs = [data for data, j in zip(encoded, is_jpeg, strict=True) if j]
+    decoded = iter(decode_jpeg(jpegs, mode=mode, device=device) if jpegs else [])
+    images = []
+    for data, jpeg in zip(encoded, is_jpeg, strict=True):
+        image = next(decoded) if jpeg else decode_image(data, mode=mode).to(device)
+        image = resize(image, [size, size], antialias=True)
+        images.append(transform(image) if transform is not None else image)
+    return torch.stack(images)
 
 
 class ImageFolderDataModule(SplitDataModule):
-    """Image files in torchvision's ImageFolder layout, for classification.
-
-    `<path>/<class>/<files>`, or `<path>/train/<class>/<files>` with optional `val/` and `test/`
-    beside it; an absent split is carved from train with `seed`. Class names are the folder
-    names, sorted; they are stored in checkpoints with the normalisation statistics.
-
-    Workers decode each file (torchvision.io, PIL for other formats), resize it to
-    `image_size`, convert it to `channels` and apply `augment` (training only); batches cross
-    to the device as uint8 and are converted and standardised there (`on_after_batch_transfer`).
-    A `predict_input` folder (kindling.data.loaders) is read the same way, without augmentation.
-
-    Its arguments are configs/data/image_folder.yaml's keys, each explained there. `num_classes`
-    null is counted from the class folders (`describe`); `mean` and `std` null are measured on
-    `statistics_sample` training images and cached in `<path>/.kindling_statistics.json`.
+    """Image files in torchvision's ImageFolder layout, for classification; an absent split is
+    carved from train with `seed`. The class names (sorted folder names) and the normalisation
+    statistics are stored in checkpoints. Its arguments are configs/data/image_folder.yaml's
+    keys, each explained there; `num_classes` null is counted from the class folders.
     """
 
     def __init__(
@@ -290,8 +294,7 @@ class ImageFolderDataModule(SplitDataModule):
         fold: int | None = None,
     ):
         super().__init__()
-        self.save_hyperparameters(ignore=["augment"], logger=False)
-        per_device_batch_size(batch_size, 1)
+        self.save_hyperparameters(ignore=["augment"])
         if path is None:
             raise UserError(
                 "data=image_folder needs the folder of your images: data.path=<folder>, laid out "
@@ -305,8 +308,11 @@ class ImageFolderDataModule(SplitDataModule):
             )
         if (mean is None) != (std is None):
             raise UserError("Give data.mean and data.std together, or neither (measured).")
-        check_decode_device(decode_device)
-        check_folds(folds, fold)
+        if decode_device == "cuda" and not torch.cuda.is_available():
+            raise UserError(
+                "data.decode_device=cuda decodes images on a CUDA GPU, but CUDA is not available "
+                "(torch.cuda.is_available() is False). Use data.decode_device=cpu."
+            )
         self.transform = worker_transform(augment)
         self.classes: list[str] | None = None
         self.mean: torch.Tensor | None = None  # (1, C, 1, 1), [0, 1] units
@@ -314,21 +320,15 @@ class ImageFolderDataModule(SplitDataModule):
         self._on_device: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def describe(self) -> dict[str, Any]:
-        """The class count, counted from the class folders when the config leaves it null."""
         if self.hparams.num_classes is not None:
             return {}
         return {"num_classes": len(class_names(self.hparams.path))}
 
-    def setup(self, stage: str | None = None) -> None:
+    def inputs_to_predict(self, path: str) -> tuple[Dataset, list[str]]:
+        return files_to_predict(path, self.hparams.channels, self.hparams.image_size)
+
+    def setup_splits(self) -> None:
         hp = self.hparams
-        if stage == "predict" and self.predict_input not in PREDICT_SPLITS:  # image files
-            self.data_predict, self.names_to_predict = files_to_predict(
-                self.predict_input, hp.channels, hp.image_size
-            )
-            return
-        if self.data_train is not None:
-            return
-        self.batch_size_per_device  # noqa: B018 - validate before reading any file
         classes, on_disk = read_image_folder(hp.path)
         if hp.num_classes is not None and len(classes) != hp.num_classes:
             raise UserError(
@@ -400,14 +400,25 @@ class ImageFolderDataModule(SplitDataModule):
 
     def _set_statistics(self, train: ImageFiles) -> None:
         hp = self.hparams
-        if hp.mean is not None:
-            mean, std = list(hp.mean), list(hp.std)
-        else:
+        mean, std = hp.mean, hp.std
+        if mean is None:  # measured once, cached beside the data where it can be written
+            cache = Path(hp.path) / STATISTICS_FILE
             key = (
                 f"{hp.channels}x{hp.image_size}, {len(train)} images, sample {hp.statistics_sample}"
             )
-            measure = lambda: channel_statistics(train, hp.statistics_sample, hp.seed)  # noqa: E731
-            mean, std = cached_statistics(Path(hp.path) / STATISTICS_FILE, key, measure)
+            try:
+                stored = json.loads(cache.read_text())
+            except (OSError, ValueError):  # none yet, or unreadable
+                stored = {}
+            if key not in stored:
+                mean, std = channel_statistics(train, hp.statistics_sample, hp.seed)
+                stored[key] = {"mean": mean, "std": std}
+                text = json.dumps(stored, indent=1).encode()
+                try:  # atomically: the processes of a multi-device run may write it at once
+                    write_atomically(cache, lambda file: file.write(text))
+                except OSError as error:
+                    log.info("Could not cache image statistics in %s (%s).", cache, error)
+            mean, std = stored[key]["mean"], stored[key]["std"]
         if len(mean) != hp.channels or len(std) != hp.channels:
             raise UserError(
                 f"data.mean and data.std need {hp.channels} values (one per channel); "
@@ -417,7 +428,6 @@ class ImageFolderDataModule(SplitDataModule):
         self.std = torch.tensor(std).view(1, -1, 1, 1)
 
     def _check_classes(self, found: list[str]) -> None:
-        """The folders' classes must be the checkpoint's (known when it was loaded first)."""
         trained = self.classes
         if trained is not None and found != trained:
             raise UserError(
@@ -448,7 +458,6 @@ class ImageFolderDataModule(SplitDataModule):
         return [to_model_input(images, *self._on_device[device]), *rest]
 
     def state_dict(self) -> dict[str, Any]:
-        # Lightning stores this in every checkpoint: prediction needs no training data.
         return {"mean": self.mean, "std": self.std, "classes": self.classes}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

@@ -2,21 +2,15 @@
 
 from abc import abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from lightning.pytorch.accelerators import CUDAAccelerator
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from kindling.config.errors import UserError
-from kindling.data.loaders import PREDICT_SPLITS, SplitDataModule, per_device_batch_size
-from kindling.data.splits import check_folds, split_off
-
-if TYPE_CHECKING:
-    from kindling.data.device_loader import DeviceTensorLoader
-
-# data.on_device=auto: the share of the device's free memory the whole data set may take.
-ON_DEVICE_SHARE = 0.25
+from kindling.data.loaders import SplitDataModule
+from kindling.data.splits import split_off
 
 Split = tuple[torch.Tensor, torch.Tensor]  # images (N, C, H, W) float in [0, 1], labels (N,) int64
 
@@ -37,15 +31,10 @@ class BatchIndexedTensors(TensorDataset):
 class InMemoryImageDataModule(SplitDataModule):
     """Images held in memory as tensors, standardised per channel with training-set statistics.
 
-    Subclasses implement `load_splits`, returning the train and test splits; this class holds
-    out validation (a seeded `val_fraction`, or fold `fold` of `folds`: kindling.data.splits)
-    and serves all three. Its arguments are configs/data/_base/in_memory_image.yaml's keys;
-    `seed` seeds the validation split alone, so it stays the same across a seed sweep.
-    `on_device`: serve batches from the training device (`DeviceTensorLoader`) after one copy
-    of the whole set; `auto` does on CUDA when the splits take at most `ON_DEVICE_SHARE` of its
-    free memory. `augment`: random crops and flips of each training batch on the device, one
-    draw per image (kindling.data.augment). A `predict_input` folder of image files is decoded
-    to `image_shape` and standardised alike.
+    Subclasses implement `load_splits`; this class holds out validation (kindling.data.splits)
+    and serves the splits. Its arguments are configs/data/_base/in_memory_image.yaml's keys.
+    `on_device`: batches served from the training device (`DeviceTensorLoader`); `augment`:
+    crops and flips of whole training batches there, a draw per image (kindling.data.augment).
     """
 
     def __init__(
@@ -66,7 +55,7 @@ class InMemoryImageDataModule(SplitDataModule):
         fold: int | None = None,
     ):
         super().__init__()
-        self.save_hyperparameters(ignore=["augment"], logger=False)
+        self.save_hyperparameters(ignore=["augment"])
         self.batch_augment = self.generator = None
         if any(t is not None for t in (augment or {}).values()):
             from kindling.data.augment import BatchAugment, DeviceGenerator  # only when augmenting
@@ -74,10 +63,6 @@ class InMemoryImageDataModule(SplitDataModule):
             self.batch_augment = BatchAugment(augment)
             self.generator = DeviceGenerator(torch.initial_seed())
         self._fill: torch.Tensor | None = None
-        per_device_batch_size(batch_size, 1)  # fail at construction on a non-positive size
-        if not 0.0 < val_fraction < 1.0:
-            raise UserError(f"data.val_fraction must be between 0 and 1, got {val_fraction}.")
-        check_folds(folds, fold)
         if on_device not in (True, False, "auto"):
             raise UserError(f"data.on_device must be true, false or auto, got {on_device!r}.")
         self._on_device: bool | None = None  # `on_device` decided, once the trainer is known
@@ -86,24 +71,26 @@ class InMemoryImageDataModule(SplitDataModule):
 
     @abstractmethod
     def load_splits(self) -> tuple[Split, Split]:
-        """Return `(train, test)`, each `(images, labels)` with images float in [0, 1]."""
+        """`(train, test)`."""
 
-    def setup(self, stage: str | None = None) -> None:
-        if stage == "predict" and self.predict_input not in PREDICT_SPLITS:  # image files
-            from kindling.data.image_folder import files_to_predict
+    def inputs_to_predict(self, path: str) -> tuple[Dataset, list[str]]:
+        from kindling.data.image_folder import files_to_predict  # image files
 
-            channels, size = self.hparams.image_shape[:2]
-            self.data_predict, self.names_to_predict = files_to_predict(
-                self.predict_input, channels, size
-            )
-            return
-        if self.data_train is not None:
-            return
-        self.batch_size_per_device  # noqa: B018 - validate before loading anything
+        return files_to_predict(path, *self.hparams.image_shape[:2])
+
+    def setup_splits(self) -> None:
         (train_images, train_labels), (test_images, test_labels) = self.load_splits()
-        self._check(train_images, train_labels)
-
-        hp = self.hparams
+        hp, name = self.hparams, type(self).__name__
+        if tuple(train_images.shape[1:]) != tuple(hp.image_shape):
+            raise UserError(
+                f"{name}: images have shape {tuple(train_images.shape[1:])} but the data config "
+                f"says image_shape={list(hp.image_shape)}. Fix data.image_shape."
+            )
+        if int(train_labels.max()) >= hp.num_classes:
+            raise UserError(
+                f"{name}: found label {int(train_labels.max())} but the data config says "
+                f"num_classes={hp.num_classes}. Fix data.num_classes."
+            )
         train_idx, val_idx = split_off(
             train_labels, hp.val_fraction, hp.seed, folds=hp.folds, fold=hp.fold
         )
@@ -117,7 +104,6 @@ class InMemoryImageDataModule(SplitDataModule):
         self.data_test = BatchIndexedTensors(self.standardise(test_images), test_labels)
 
     def standardise(self, images: torch.Tensor) -> torch.Tensor:
-        """Images in [0, 1] -> what the model was trained on."""
         return (images - self.mean) / self.std
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
@@ -148,37 +134,17 @@ class InMemoryImageDataModule(SplitDataModule):
         if "augment" in state_dict and self.generator is not None:
             self.generator.load_state_dict(state_dict["augment"])
 
-    def _check(self, images: torch.Tensor, labels: torch.Tensor) -> None:
-        expected = tuple(self.hparams.image_shape)
-        if tuple(images.shape[1:]) != expected:
-            raise UserError(
-                f"{type(self).__name__}: images have shape {tuple(images.shape[1:])} but the data "
-                f"config says image_shape={list(expected)}. Fix data.image_shape."
-            )
-        if int(labels.max()) >= self.hparams.num_classes:
-            raise UserError(
-                f"{type(self).__name__}: found label {int(labels.max())} but the data config says "
-                f"num_classes={self.hparams.num_classes}. Fix data.num_classes."
-            )
-
-    def serves_on_device(self) -> bool:
-        """Whether batches come from `DeviceTensorLoader` (`on_device`, with `auto` decided)."""
-        if self.trainer is None:
-            return False
-        if self._on_device is None:
-            choice = self.hparams.on_device
-            if choice == "auto" and isinstance(self.trainer.accelerator, CUDAAccelerator):
-                from kindling.data.device_loader import fits_on_device
-
-                choice = fits_on_device(self, ON_DEVICE_SHARE)
-            self._on_device = choice is True
-        return self._on_device
-
     def _loader(
         self, dataset: Dataset | None, shuffle: bool = False, drop_last: bool = False
-    ) -> "DataLoader | DeviceTensorLoader":
-        if not isinstance(dataset, BatchIndexedTensors) or not self.serves_on_device():
-            return super()._loader(dataset, shuffle, drop_last=drop_last)
-        from kindling.data.device_loader import serve_on_device  # imported where it is used
+    ) -> DataLoader:
+        on_cuda = self.trainer is not None and isinstance(self.trainer.accelerator, CUDAAccelerator)
+        if isinstance(dataset, BatchIndexedTensors) and (
+            (self.hparams.on_device is True and self.trainer is not None)
+            or (self.hparams.on_device == "auto" and on_cuda)
+        ):
+            from kindling.data.device_loader import serve_on_device  # only where it may serve
 
-        return serve_on_device(self, dataset, shuffle)
+            loader = serve_on_device(self, dataset, shuffle)
+            if loader is not None:
+                return loader
+        return super()._loader(dataset, shuffle, drop_last=drop_last)

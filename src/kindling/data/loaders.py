@@ -1,13 +1,15 @@
-"""What every kindling data module shares: a global batch size and its DataLoaders."""
+"""What every kindling data module shares: a global batch size, its checks, its DataLoaders."""
 
 import atexit
 import functools
+import inspect
 import itertools
 import math
 import multiprocessing
 import os
 import signal
 from collections.abc import Iterator
+from typing import Any
 
 import lightning as L
 import torch
@@ -18,6 +20,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from kindling.config.errors import UserError
+from kindling.data.splits import check_folds
 
 PREDICT_SPLITS = ("test", "val")  # the splits `python -m kindling.predict input=` names
 
@@ -48,9 +51,9 @@ def default_num_workers(processes_per_node: int) -> int:
 class EpochPosition:
     """Where an epoch stands, saved in checkpoints: the samples of it that all processes took
     together. A run resumed from it serves the rest of that epoch, in the same order, dealt over
-    the processes it has, as many as the saving run's or not; it applies to its own epoch only.
-    Needs `seed`, `epoch` and `processes`; `served_unit`: the samples an older checkpoint's
-    `served` (this process's count) stands for."""
+    the processes it has, as many as the saving run's or not. Needs `seed`, `epoch` and
+    `processes`; `served_unit`: the samples an older checkpoint's `served` (this process's
+    count) stands for."""
 
     consumed = 0
     _resume_at: tuple[int, int] | None = None  # (epoch, consumed) of a loaded state
@@ -66,7 +69,6 @@ class EpochPosition:
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.seed = state["seed"]
-        # Older checkpoints count this process's samples: they resume on as many processes.
         consumed = state["consumed"] if "consumed" in state else state["served"] * self.served_unit
         # Dealt one each in turn, the rest of the epoch splits evenly only from such a position;
         # processes would otherwise run different numbers of steps.
@@ -81,10 +83,9 @@ class EpochPosition:
 
 
 class ResumableDistributedSampler(EpochPosition, DistributedSampler):
-    """`DistributedSampler`'s permutation of each epoch (Lightning calls `set_epoch`), this
-    process's share of it, and where the epoch stands (`EpochPosition`), which torchdata's
-    `StatefulDataLoader` saves in every checkpoint with the loader's workers. `passes`: an epoch
-    of that many permutations of a small set (SplitDataModule.epoch_passes)."""
+    """`DistributedSampler`'s permutation of each epoch, this process's share of it, and where
+    the epoch stands (`EpochPosition`), which torchdata's `StatefulDataLoader` saves in every
+    checkpoint. `passes`: an epoch of that many permutations of a small set."""
 
     def __init__(self, dataset: Dataset, num_replicas: int, rank: int, seed: int, passes: int = 1):
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed)
@@ -137,18 +138,17 @@ def _kill_loader_workers_at_exit() -> None:
 
 
 class SplitDataModule(L.LightningDataModule):
-    """Serves `data_train`, `data_val` and `data_test` (set by a subclass's `setup`).
+    """Serves `data_train`, `data_val` and `data_test`, which a subclass's `setup_splits` sets.
 
-    Needs the hyperparameters `batch_size` (global), `num_workers` (null: `default_num_workers`),
-    `pin_memory` (CUDA only); uses `persistent_workers`, `prefetch_factor`, `drop_last`
-    (training), `shuffle_seed` and `min_epoch_size` where a subclass has them.
-    `fixed_batch_shapes`: False where batches vary in shape (padded sequences); the trainer
-    times cuDNN's convolution algorithms only when they do not.
+    Its hyperparameters: `batch_size` (global), `num_workers` (null: `default_num_workers`),
+    `pin_memory` (CUDA only), and where a subclass has them `persistent_workers`,
+    `prefetch_factor`, `drop_last` (training), `shuffle_seed`, `min_epoch_size`, `val_fraction`,
+    `folds` and `fold`. `fixed_batch_shapes`: False where batches vary in shape (padded
+    sequences); the trainer times cuDNN's convolution algorithms only when they do not.
 
     `predict_input` (kindling.predict's `input=`) is a split, "test" or "val", or a path of new
-    inputs, for which `setup("predict")` sets `data_predict` and `names_to_predict`: batches
-    `[*inputs, rows, readable]`, `rows` indexing `predict_names`, `readable` False where an
-    input cannot be read.
+    inputs, which `inputs_to_predict` reads: batches `[*inputs, rows, readable]`, `rows`
+    indexing `predict_names`, `readable` False where an input cannot be read.
     """
 
     data_train: Dataset | None = None
@@ -158,6 +158,30 @@ class SplitDataModule(L.LightningDataModule):
     predict_input: str = "test"
     data_predict: Dataset | None = None
     names_to_predict: list[str] | None = None
+
+    def save_hyperparameters(self, *args: Any, **kwargs: Any) -> None:
+        # Lightning's, of the caller's arguments; then the keys data modules share are checked,
+        # at construction, before any data is read.
+        frame = inspect.currentframe().f_back
+        super().save_hyperparameters(*args, frame=frame, logger=False, **kwargs)
+        hp = self.hparams
+        per_device_batch_size(hp.batch_size, 1)
+        if "val_fraction" in hp and not 0.0 < hp.val_fraction < 1.0:
+            raise UserError(f"data.val_fraction must be between 0 and 1, got {hp.val_fraction}.")
+        check_folds(hp.get("folds"), hp.get("fold"))
+
+    def setup(self, stage: str | None = None) -> None:
+        if stage == "predict" and self.predict_input not in PREDICT_SPLITS:
+            self.data_predict, self.names_to_predict = self.inputs_to_predict(self.predict_input)
+        elif self.data_train is None:
+            self.batch_size_per_device  # noqa: B018 - validate before reading any data
+            self.setup_splits()
+
+    def setup_splits(self) -> None:
+        raise NotImplementedError  # sets data_train, data_val and data_test
+
+    def inputs_to_predict(self, path: str) -> tuple[Dataset, list[str]]:
+        raise UserError(f"input={path}: {type(self).__name__} predicts its test or val split only.")
 
     @property
     def batch_size_per_device(self) -> int:

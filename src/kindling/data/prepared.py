@@ -51,11 +51,6 @@ def read_metadata(input_dir: str, storage_options: dict[str, Any] | None = None)
         raise UserError(
             f"{location} is damaged ({error}). Prepare the data again into an empty folder."
         ) from error
-    check_metadata(metadata, input_dir)
-    return metadata
-
-
-def check_metadata(metadata: dict[str, Any], input_dir: str) -> None:
     again = f"python -m kindling.prepare data=<data config> output={input_dir}"
     if metadata.get("format") != FORMAT:
         raise UserError(
@@ -69,6 +64,7 @@ def check_metadata(metadata: dict[str, Any], input_dir: str) -> None:
             f"data.input_dir={input_dir} is an unfinished prepare (it was interrupted). "
             f"Run it again to finish: {again}"
         )
+    return metadata
 
 
 def check_chunks(input_dir: str) -> None:
@@ -96,7 +92,6 @@ def check_chunks(input_dir: str) -> None:
 
 
 def damaged(path: Path | str, what: str, input_dir: str) -> str:
-    """The one line for a damaged file of the prepared copy at `input_dir`."""
     return (
         f"{path} {what}: the prepared copy data.input_dir={input_dir} is damaged. Prepare it "
         "again into an empty folder: python -m kindling.prepare data=<data config> "
@@ -105,7 +100,7 @@ def damaged(path: Path | str, what: str, input_dir: str) -> str:
 
 
 def _read_s3(url: str, storage_options: dict[str, Any]) -> str:
-    """The object at `url`, with short timeouts and a message that says what went wrong."""
+    """The object at `url`, with short timeouts and messages that say what went wrong."""
     import boto3  # LitData's S3 client; only s3:// needs it
     import botocore.config
     import botocore.exceptions as s3

@@ -1,5 +1,6 @@
 """Your own sequences: variable-length time series from a long table, padded per batch."""
 
+import functools
 import logging
 from typing import Any, Literal
 
@@ -8,19 +9,14 @@ from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import Dataset
 
 from kindling.config.errors import UserError
-from kindling.data.loaders import (
-    PREDICT_SPLITS,
-    ResumableDistributedSampler,
-    SplitDataModule,
-    per_device_batch_size,
-)
+from kindling.data.loaders import ResumableDistributedSampler, SplitDataModule
 from kindling.data.sequence_table import (
     TABLE_READING,
     Columns,
     SequenceTable,
     read_sequence_table,
 )
-from kindling.data.splits import check_folds, split_off
+from kindling.data.splits import split_off
 
 log = logging.getLogger(__name__)
 
@@ -29,17 +25,14 @@ SequenceBatch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 def standardised(steps: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
-    """Steps `(T, F)` as a table holds them, standardised per feature; a missing value (NaN)
-    becomes the mean: 0. What every sequence data set serves (a table, a streamed copy)."""
+    """Steps `(T, F)` standardised per feature; a missing value (NaN) becomes the mean: 0."""
     return ((steps - mean) / std).nan_to_num(0.0)
 
 
 class Sequences(Dataset):
     """Sequences `(T_i, F)` as the table holds them and their class indices, served standardised
-    with `mean` and `std` (`(F,)`; a missing value becomes the mean: 0); `collate` pads a batch.
-
-    Standardised as served, not once: a checkpoint's statistics, loaded after `setup`, apply.
-    """
+    with `mean` and `std` (`(F,)`), as served, not once: a checkpoint's statistics, loaded after
+    `setup`, apply. `collate` pads a batch; `ids` name the rows kindling.predict writes."""
 
     def __init__(
         self,
@@ -50,8 +43,7 @@ class Sequences(Dataset):
         ids: list | None = None,
     ):
         self.sequences, self.labels = sequences, labels
-        self.mean, self.std = mean, std
-        self.ids = ids  # each sequence's id in the table (kindling.predict names rows with it)
+        self.mean, self.std, self.ids = mean, std, ids
 
     def __len__(self) -> int:
         return len(self.sequences)
@@ -79,8 +71,7 @@ def table_to_predict(
 ) -> tuple[Sequences, list[str]]:
     """The sequences of the table `python -m kindling.predict input=<table>` names, in the order
     their ids first appear, and their ids: read as the training table was (`reading`: its
-    TABLE_READING keys), features in the training order, standardised with its statistics.
-    Batches end with `(rows, readable)`, as every data module's new inputs do."""
+    TABLE_READING keys), features in the training order."""
     columns = Columns.of(reading)
     table = read_sequence_table(path, columns, reading["missing"], to_predict=True, option="input")
     check_features(table.features, features, path)
@@ -93,7 +84,6 @@ def table_to_predict(
 
 
 def check_features(found: list[str], trained: list[str], path: str) -> None:
-    """Refuse a table whose feature columns are not the ones the checkpoint was trained on."""
     for name in trained:
         if name not in found:
             raise UserError(
@@ -110,20 +100,11 @@ def check_features(found: list[str], trained: list[str], path: str) -> None:
 
 
 class SequenceTableDataModule(SplitDataModule):
-    """Sequences of different lengths from one table in the long layout (tsfresh, sktime): one row
-    per time step with a sequence id, an optional time (the order within a sequence), a label
-    (text or integers; the class names are kept) and an optional split (train, val, test); every
-    other column is a numeric feature. Rows of one sequence may lie anywhere in the file.
-
-    An absent val split is carved from train (stratified, seeded; or `folds`/`fold`), an absent
-    test split too. Each feature is standardised with the mean and standard deviation of the
-    training split's time steps only; they are stored in checkpoints with the class names.
-
-    Its arguments are configs/data/sequences.yaml's keys. `num_features`, `num_classes` and
-    `max_length` left null are read from the table (`describe`); given, they are checked against
-    it. `bucket`: training batches of similar lengths (kindling.data.buckets). `min_epoch_size`:
-    an epoch serves the training split as often as it takes to serve this many sequences
-    (SplitDataModule.epoch_passes); 0: once.
+    """Sequences of different lengths from one table in the long layout (tsfresh, sktime):
+    kindling.data.sequence_table reads it. Absent val and test splits are carved from train
+    (stratified, seeded). Each feature is standardised with the mean and standard deviation of
+    the training split's time steps; they are stored in checkpoints with the class names. Its
+    arguments are configs/data/sequences.yaml's keys, explained there.
     """
 
     fixed_batch_shapes = False  # each batch is padded to its longest sequence
@@ -153,31 +134,21 @@ class SequenceTableDataModule(SplitDataModule):
         min_epoch_size: int = 0,
     ):
         super().__init__()
-        self.save_hyperparameters(logger=False)
-        per_device_batch_size(batch_size, 1)
-        for name, fraction in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
-            if not 0.0 < fraction < 1.0:
-                raise UserError(f"data.{name} must be between 0 and 1, got {fraction}.")
-        check_folds(folds, fold)
+        self.save_hyperparameters()
+        if not 0.0 < test_fraction < 1.0:
+            raise UserError(f"data.test_fraction must be between 0 and 1, got {test_fraction}.")
         self.columns = Columns(id_column, label_column, time_column, split_column)
         self.classes: list[str] | None = None
         self.features: list[str] | None = None
         self.mean: torch.Tensor | None = None  # (F,) of the training split's steps
         self.std: torch.Tensor | None = None
-        self._table: SequenceTable | None = None
 
-    def setup(self, stage: str | None = None) -> None:
-        hp = self.hparams
-        if stage == "predict" and self.predict_input not in PREDICT_SPLITS:  # a new table
-            reading = {key: hp[key] for key in TABLE_READING}
-            self.data_predict, self.names_to_predict = table_to_predict(
-                self.predict_input, reading, self.features, self.mean, self.std
-            )
-            return
-        if self.data_train is not None:
-            return
-        self.batch_size_per_device  # noqa: B018 - validate before reading the table
-        table = self.table
+    def inputs_to_predict(self, path: str) -> tuple[Sequences, list[str]]:
+        reading = {key: self.hparams[key] for key in TABLE_READING}
+        return table_to_predict(path, reading, self.features, self.mean, self.std)
+
+    def setup_splits(self) -> None:
+        hp, table = self.hparams, self.table
         splits = self._splits(table)
         self._check_counts(table, splits)
         train_steps = torch.cat([table.sequences[i] for i in splits["train"].tolist()])
@@ -254,16 +225,11 @@ class SequenceTableDataModule(SplitDataModule):
                     f"data.{name} out: it is read from the table."
                 )
 
-    @property
+    @functools.cached_property
     def table(self) -> SequenceTable:
-        """The table, read once."""
-        if self._table is None:
-            self._table = read_sequence_table(self.hparams.path, self.columns, self.hparams.missing)
-        return self._table
+        return read_sequence_table(self.hparams.path, self.columns, self.hparams.missing)
 
     def describe(self) -> dict[str, int]:
-        """The counts read from the table (kindling.train fills in those the config leaves null
-        before the model is built)."""
         return {
             "num_classes": len(self.table.classes),
             "num_features": len(self.table.features),
@@ -283,7 +249,6 @@ class SequenceTableDataModule(SplitDataModule):
         return LengthBucketSampler(dataset, world_size, rank, seed, lengths, batch_size, 32, passes)
 
     def state_dict(self) -> dict[str, Any]:
-        # Lightning stores this in every checkpoint: prediction needs no training data.
         return {
             "mean": self.mean, "std": self.std, "classes": self.classes, "features": self.features
         }  # fmt: skip

@@ -1,6 +1,7 @@
 """A prepared copy of an image or sequence data set, streamed by LitData from a folder or object
 storage."""
 
+import functools
 import logging
 import re
 from collections.abc import Iterator, Mapping, Sequence
@@ -11,11 +12,12 @@ from typing import Any
 import torch
 from litdata import StreamingDataLoader, StreamingDataset
 from litdata.exceptions import ChunkWaitTimeoutError
+from torch.utils.data import Dataset
 
 from kindling.config.errors import UserError
 from kindling.data.augment import Transform, worker_transform
-from kindling.data.image_folder import to_model_input
-from kindling.data.loaders import PREDICT_SPLITS, SplitDataModule, per_device_batch_size
+from kindling.data.image_folder import files_to_predict, to_model_input
+from kindling.data.loaders import SplitDataModule
 from kindling.data.prepared import IMAGES, SEQUENCES, check_chunks, damaged, read_metadata
 from kindling.data.sequence_table import TABLE_READING
 from kindling.data.sequences import Sequences, standardised, table_to_predict
@@ -49,9 +51,8 @@ def chunks_named(dataset: StreamingDataset) -> Iterator[None]:
 
 
 class PreparedSplit(StreamingDataset):
-    """One split of a prepared copy, whose damaged chunks are named: `(image, label)` pairs, or
-    `(steps, label)` of sequences served as `Sequences` serves them (standardised with `mean`
-    and `std`, the copy's or a checkpoint's; padded by `collate`).
+    """One split of a prepared copy, whose damaged chunks are named: `(image, label)`, or
+    `(steps, label)` of sequences served as `Sequences` serves them (with `mean` and `std`).
 
     A training image's augmentation is seeded by `augment_seed`, the epoch and the sample's
     index, not by which worker or process reads it: a resumed run sees the very images an
@@ -90,14 +91,10 @@ class StreamingDataModule(SplitDataModule):
     """The splits `python -m kindling.prepare` wrote, of images or sequences, streamed with LitData.
 
     Every process of a multi-device run reads its own part of each epoch, all the same number
-    of batches (evaluation on several processes leaves out the remainder of the split, fewer
-    samples than processes x batch size). The train loader's position is saved in checkpoints:
-    a run resumed mid-epoch reads exactly the samples the interrupted one had left. Images
-    cross to the device as uint8 and are standardised there with the copy's (or the
-    checkpoint's) statistics; sequences are served as data=sequences serves them.
-
-    Its arguments are configs/data/streaming.yaml's keys; those left null that describe the
-    data are read from the copy (`describe`), those given are checked against it.
+    of batches. The train loader's position is saved in checkpoints: a run resumed mid-epoch
+    reads exactly the samples the interrupted one had left. Images cross to the device as uint8
+    and are standardised there. Its arguments are configs/data/streaming.yaml's keys; those
+    left null that describe the data are read from the copy, those given are checked against it.
     """
 
     def __init__(
@@ -118,24 +115,19 @@ class StreamingDataModule(SplitDataModule):
         prefetch_factor: int = 2,
     ):
         super().__init__()
-        self.save_hyperparameters(ignore=["augment"], logger=False)
-        per_device_batch_size(batch_size, 1)
+        self.save_hyperparameters(ignore=["augment"])
         self.transform = worker_transform(augment)
         self.classes: list[str] | None = None
         self.features: list[str] | None = None  # sequences: the table's features, and how it was
         self.table_reading: dict[str, Any] | None = None  # read (what kindling.predict reads)
         self.mean: torch.Tensor | None = None  # images: (1, C, 1, 1), [0, 1] units; sequences: (F,)
         self.std: torch.Tensor | None = None
-        self._metadata: dict[str, Any] | None = None
         self.train_loader: StreamingDataLoader | None = None
         self._train_loader_state: dict[str, Any] | None = None  # from a checkpoint
 
-    @property
+    @functools.cached_property
     def metadata(self) -> dict[str, Any]:
-        """The copy's description (kindling.data.prepared)."""
-        if self._metadata is None:
-            self._metadata = read_metadata(self.hparams.input_dir, self.storage_options)
-        return self._metadata
+        return read_metadata(self.hparams.input_dir, self.storage_options)
 
     @property
     def kind(self) -> str:
@@ -145,26 +137,43 @@ class StreamingDataModule(SplitDataModule):
     def storage_options(self) -> dict[str, Any]:
         return dict(self.hparams.storage_options or {})
 
-    def describe(self) -> dict[str, Any]:
-        """The copy's values of the config's keys (None where the copy's kind has none)."""
+    def describe(self) -> dict[str, Any]:  # None where the copy's kind has no value
         keys = ("image_shape", "num_features", "max_length")
         return {"num_classes": len(self.metadata["classes"])} | {
             key: self.metadata.get(key) for key in keys
         }
 
-    def setup(self, stage: str | None = None) -> None:
-        if stage == "predict" and self.predict_input not in PREDICT_SPLITS and self.features:
-            # A new table, read as the copy's was (a checkpoint's `table_reading`).
-            self.data_predict, self.names_to_predict = table_to_predict(
-                self.predict_input, self.table_reading, self.features, self.mean, self.std
+    def inputs_to_predict(self, path: str) -> tuple[Dataset, list[str]]:
+        if self.features:  # a new table, read as the copy's was (a checkpoint's `table_reading`)
+            return table_to_predict(path, self.table_reading, self.features, self.mean, self.std)
+        channels, size = self.hparams.image_shape[:2]  # image files
+        return files_to_predict(path, channels, size)
+
+    def setup_splits(self) -> None:
+        hp, metadata = self.hparams, self.metadata
+        for key, value in self.describe().items():
+            given = list(hp[key]) if isinstance(hp[key], Sequence) else hp[key]
+            if given is not None and given != value:
+                raise UserError(
+                    f"data.{key}={given} but {hp.input_dir} holds {self.kind} with {key} "
+                    f"{value}. Leave data.{key} out: it is read from the prepared copy (prepare "
+                    "again to change it)."
+                )
+        if self.transform is not None and self.kind == SEQUENCES:
+            raise UserError(
+                f"data.augment transforms images, and {hp.input_dir} holds sequences. Leave "
+                "data.augment out (data/augment=none)."
             )
-            return
-        if self.data_train is not None:
-            return
-        hp = self.hparams
-        self.batch_size_per_device  # noqa: B018 - validate before reading anything
-        metadata = self.metadata
-        self._check(metadata)
+        world_size = self.trainer.world_size if self.trainer is not None else 1
+        for name in ("train", "val", "test"):
+            count = metadata["splits"][name]
+            if world_size > 1 and count < world_size * self.batch_size_per_device:
+                raise UserError(
+                    f"{hp.input_dir}: the {count} {name} samples are fewer than one batch on each "
+                    f"of {world_size} processes (data.batch_size={hp.batch_size}), which take "
+                    f"whole batches only. Set data.batch_size={count // world_size * world_size} "
+                    "or less, or run on one process."
+                )
         check_chunks(hp.input_dir)
         if self.classes is not None and self.classes != metadata["classes"]:
             raise UserError(
@@ -202,33 +211,6 @@ class StreamingDataModule(SplitDataModule):
         self.data_test = split("test")
         counts = ", ".join(f"{name} {count}" for name, count in metadata["splits"].items())
         log.info("%s: %d classes; %s: %s.", hp.input_dir, len(self.classes), self.kind, counts)
-
-    def _check(self, metadata: dict[str, Any]) -> None:
-        hp = self.hparams
-        for key, value in self.describe().items():
-            given = list(hp[key]) if isinstance(hp[key], Sequence) else hp[key]
-            if given is not None and given != value:
-                raise UserError(
-                    f"data.{key}={given} but {hp.input_dir} holds {self.kind} with {key} "
-                    f"{value}. Leave data.{key} out: it is read from the prepared copy (prepare "
-                    "again to change it)."
-                )
-        if self.transform is not None and self.kind == SEQUENCES:
-            raise UserError(
-                f"data.augment transforms images, and {hp.input_dir} holds sequences. Leave "
-                "data.augment out (data/augment=none)."
-            )
-        world_size = self.trainer.world_size if self.trainer is not None else 1
-        whole = world_size * self.batch_size_per_device  # what one step takes
-        for name in ("train", "val", "test"):
-            count = metadata["splits"][name]
-            if world_size > 1 and count < whole:
-                raise UserError(
-                    f"{hp.input_dir}: the {count} {name} samples are fewer than one batch on each "
-                    f"of {world_size} processes (data.batch_size={hp.batch_size}), which take "
-                    f"whole batches only. Set data.batch_size={count // world_size * world_size} "
-                    "or less, or run on one process."
-                )
 
     def _cache_dir(self, split: str) -> str | None:
         """The split's cache folder, checked writable (LitData would fail in its workers)."""
@@ -278,11 +260,11 @@ class StreamingDataModule(SplitDataModule):
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         # The model summary's example input; sequences, standardised in the workers.
-        if not isinstance(batch, list | tuple) or self.kind == SEQUENCES:
+        if not isinstance(batch, list | tuple) or batch[0].dtype != torch.uint8:
             return batch
-        images, labels = batch
+        images, *rest = batch  # labels, or a prediction's rows and readable
         mean, std = self.mean.to(images.device), self.std.to(images.device)
-        return to_model_input(images, mean, std), labels
+        return [to_model_input(images, mean, std), *rest]
 
     def state_dict(self) -> dict[str, Any]:
         # Lightning stores this in every checkpoint: prediction needs no training data, and

@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from kindling.config.errors import UserError
-from kindling.data.loaders import SplitDataModule, per_device_batch_size
+from kindling.data.loaders import SplitDataModule
 from kindling.files import write_atomically
 
 # Public-domain corpora that `data.download=<name>` fetches from their canonical address.
@@ -38,7 +38,7 @@ class Vocabulary:
 
     @classmethod
     def from_text(cls, text: str) -> "Vocabulary":
-        return cls(set(text))
+        return cls(text)
 
     @classmethod
     def from_tensor(cls, codepoints: torch.Tensor) -> "Vocabulary":
@@ -55,13 +55,9 @@ class Vocabulary:
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Vocabulary) and self.characters == other.characters
 
-    def unknown(self, text: str) -> list[str]:
-        """The characters of `text` that are not in the vocabulary."""
-        return sorted(set(text) - set(self.characters))
-
     def encode(self, text: str) -> torch.Tensor:
         """Ids of the characters of `text`, int64 of shape `(len(text),)`."""
-        missing = self.unknown(text)
+        missing = sorted(set(text) - set(self.characters))
         if missing:
             raise UserError(
                 f"The text has characters that are not in the vocabulary: {missing!r}. "
@@ -193,10 +189,9 @@ def fetch(url: str, destination: Path) -> None:
 
 class CharTextDataModule(SplitDataModule):
     """A character-level corpus, split by position into train | val | test, served as windows
-    of `context_length` characters with the window shifted by one as the target. Validation and
-    test read back-to-back windows; training draws windows that start anywhere
-    (`random_offsets`). The vocabulary is the whole corpus's characters: no split meets an
-    unknown one. Its arguments are configs/data/text/char.yaml's keys.
+    of `context_length` characters with the window shifted by one as the target. The vocabulary
+    is the whole corpus's characters: no split meets an unknown one. Its arguments are
+    configs/data/text/char.yaml's keys, explained there.
     """
 
     def __init__(
@@ -214,8 +209,7 @@ class CharTextDataModule(SplitDataModule):
         persistent_workers: bool = True,
     ):
         super().__init__()
-        self.save_hyperparameters(logger=False)
-        per_device_batch_size(batch_size, 1)  # fail at construction on a non-positive size
+        self.save_hyperparameters()
         if path is not None and download is not None:
             raise UserError(
                 f"Set one of data.path={path!r} and data.download={download!r}, not both."
@@ -224,8 +218,6 @@ class CharTextDataModule(SplitDataModule):
             download_target(download, data_dir)  # fail at construction on a bad name
         if context_length < 1:
             raise UserError(f"data.context_length must be at least 1, got {context_length}.")
-        if not 0.0 < val_fraction < 1.0:
-            raise UserError(f"data.val_fraction must be between 0 and 1, got {val_fraction}.")
         if not 0.0 <= test_fraction < 1.0:
             raise UserError(
                 f"data.test_fraction must be 0 (test on the validation text) or between 0 and 1, "
@@ -246,36 +238,35 @@ class CharTextDataModule(SplitDataModule):
                 fetch(url, cached)
 
     def load_text(self) -> str:
-        if self.hparams.path is not None:
-            return read_corpus(self.hparams.path)
-        if self.hparams.download is not None:
-            _url, cached = download_target(self.hparams.download, self.hparams.data_dir)
+        hp = self.hparams
+        if hp.path is not None:
+            return read_corpus(hp.path)
+        if hp.download is not None:
+            _url, cached = download_target(hp.download, hp.data_dir)
             if not cached.is_file():
                 raise UserError(f"{cached} is missing: call prepare_data() to download it.")
             return read_corpus(cached)
         return default_corpus()
 
-    def setup(self, stage: str | None = None) -> None:
-        if self.data_train is not None:
-            return
-        self.batch_size_per_device  # noqa: B018 - validate before loading anything
-        text = self.load_text()
+    def setup_splits(self) -> None:
+        hp, text = self.hparams, self.load_text()
         if not text:
-            source = self.hparams.path or self.hparams.download
-            raise UserError(f"The corpus {source!r} is empty. Point data.path at a text file.")
+            raise UserError(
+                f"The corpus {hp.path or hp.download!r} is empty. Point data.path at a text file."
+            )
         self.vocabulary = Vocabulary.from_text(text)
         tokens = self.vocabulary.encode(text)
 
         # By position, not at random: neighbouring windows share text, so a shuffled split
         # would leak validation text into training.
-        num_val = round(len(tokens) * self.hparams.val_fraction)
-        num_test = round(len(tokens) * self.hparams.test_fraction)
+        num_val = round(len(tokens) * hp.val_fraction)
+        num_test = round(len(tokens) * hp.test_fraction)
         num_train = len(tokens) - num_val - num_test
         splits = torch.split(
             tokens, [num_train, num_val, num_test] if num_test else [num_train, num_val]
         )
         shortest = min(len(s) for s in splits)
-        length = self.hparams.context_length
+        length = hp.context_length
         if shortest < length + 1:
             raise UserError(
                 f"The corpus has {len(text):,} characters: its smallest split has {shortest:,}, "
@@ -284,7 +275,7 @@ class CharTextDataModule(SplitDataModule):
             )
         self.data_train, self.data_val, *rest = (TokenWindows(s, length) for s in splits)
         self.data_test = rest[0] if rest else self.data_val
-        if self.hparams.random_offsets:
+        if hp.random_offsets:
             self.data_train = TokenWindows(splits[0], length, stride=1)
 
     def train_dataloader(self) -> DataLoader:
