@@ -5,7 +5,7 @@ from pathlib import Path
 
 import torch
 
-from kindling.data.buckets import LengthBucketSampler
+from kindling.data.sequences import LengthBucketSampler
 
 from helpers import data_module, pattern_rows, write_table
 

@@ -18,7 +18,7 @@ import kindling.train
 from kindling.config.errors import UserError
 from kindling.config.instantiate import build
 from kindling.data.loaders import SplitDataModule
-from kindling.data.prepared import FORMAT, METADATA_FILE
+from kindling.data.streaming import FORMAT, METADATA_FILE
 from kindling.modules.classifier import Classifier
 from kindling.train import fill_in_from_data, run
 
@@ -35,7 +35,7 @@ def image_folder(tmp_path):
     for name in ("cat", "dog"):
         (tmp_path / "images" / name).mkdir(parents=True)
         Image.new("RGB", (4, 4)).save(tmp_path / "images" / name / "0.png")
-    # What data=streaming reads from a prepared copy before it streams (kindling.data.prepared).
+    # What data=streaming reads from a prepared copy before it streams (kindling.data.streaming).
     description = {"format": FORMAT, "complete": True, "classes": ["cat", "dog"],
                    "image_shape": [3, 4, 4]}  # fmt: skip
     (tmp_path / "images" / METADATA_FILE).write_text(json.dumps(description))

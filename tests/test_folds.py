@@ -9,7 +9,7 @@ import torch
 from kindling.config.errors import UserError
 from kindling.config.instantiate import build, check_arguments
 from kindling.data.digits import DigitsDataModule
-from kindling.data.splits import fold_split
+from kindling.data.loaders import fold_split
 
 from helpers import datamodule, make_folder
 

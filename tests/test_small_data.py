@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DistributedSampler
 
-from kindling.data.buckets import LengthBucketSampler
 from kindling.data.loaders import ResumableDistributedSampler
+from kindling.data.sequences import LengthBucketSampler
 from kindling.models.recurrent import GRUClassifier
 from kindling.train import run
 

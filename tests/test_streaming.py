@@ -26,9 +26,8 @@ from torchvision.transforms import v2
 from kindling.config.errors import UserError
 from kindling.config.instantiate import build
 from kindling.data.image_folder import ImageFolderDataModule
-from kindling.data.prepared import METADATA_FILE, read_metadata
 from kindling.data.sequences import SequenceTableDataModule
-from kindling.data.streaming import StreamingDataModule
+from kindling.data.streaming import METADATA_FILE, StreamingDataModule, read_metadata
 from kindling.prepare import prepare
 from kindling.train import augment_images_only, fill_in_from_data, run
 

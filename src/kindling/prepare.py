@@ -6,7 +6,7 @@ Each split (`<folder>/train`, `val`, `test`) is written by LitData's `optimize()
 workers: images as the data config serves them before augmentation (uint8), or sequences as the
 table holds them, in a seeded random order (LitData's shuffling only reorders chunks and the
 samples within a worker's chunks: a copy in an image folder's order would stream batches of
-mostly one class). `<folder>/kindling.json` describes the copy (kindling.data.prepared).
+mostly one class). `<folder>/kindling.json` describes the copy (kindling.data.streaming).
 """
 
 import functools
@@ -30,9 +30,9 @@ from kindling import cli
 from kindling.config import resolvers  # noqa: F401 - importing registers the resolvers
 from kindling.config.errors import UserError
 from kindling.config.instantiate import build, check_arguments
-from kindling.data.loaders import default_num_workers
-from kindling.data.prepared import FORMAT, IMAGES, METADATA_FILE, SEQUENCES, SPLITS, is_remote
+from kindling.data.loaders import SPLITS, default_num_workers
 from kindling.data.sequences import Sequences
+from kindling.data.streaming import FORMAT, IMAGES, METADATA_FILE, SEQUENCES, is_remote
 from kindling.garbage_collection import skip_collections_at_exit
 
 log = logging.getLogger("kindling")

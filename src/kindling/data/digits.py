@@ -4,7 +4,7 @@ import torch
 from sklearn.datasets import load_digits
 
 from kindling.data.in_memory import InMemoryImageDataModule, Split
-from kindling.data.splits import split_off
+from kindling.data.loaders import split_off
 
 
 class DigitsDataModule(InMemoryImageDataModule):

@@ -20,8 +20,7 @@ from torchvision.transforms.v2.functional import pil_to_tensor, resize
 
 from kindling.config.errors import UserError
 from kindling.data.augment import Transform, worker_transform
-from kindling.data.loaders import SplitDataModule
-from kindling.data.splits import split_off
+from kindling.data.loaders import SPLITS, SplitDataModule, split_off
 from kindling.files import write_atomically
 
 log = logging.getLogger(__name__)
@@ -31,7 +30,6 @@ log = logging.getLogger(__name__)
 IMAGE_SUFFIXES = frozenset(
     {".png", ".jpg", ".jpeg", ".gif", ".webp", ".bmp", ".tif", ".tiff", ".ppm", ".pgm"}
 )
-SPLITS = ("train", "val", "test")
 STATISTICS_FILE = ".kindling_statistics.json"  # beside the data, in data.path
 JPEG_MAGIC = b"\xff\xd8\xff"
 

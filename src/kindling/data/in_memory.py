@@ -9,8 +9,7 @@ from lightning.pytorch.accelerators import CUDAAccelerator
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from kindling.config.errors import UserError
-from kindling.data.loaders import SplitDataModule
-from kindling.data.splits import split_off
+from kindling.data.loaders import SplitDataModule, split_off
 
 Split = tuple[torch.Tensor, torch.Tensor]  # images (N, C, H, W) float in [0, 1], labels (N,) int64
 
@@ -31,7 +30,7 @@ class BatchIndexedTensors(TensorDataset):
 class InMemoryImageDataModule(SplitDataModule):
     """Images held in memory as tensors, standardised per channel with training-set statistics.
 
-    Subclasses implement `load_splits`; this class holds out validation (kindling.data.splits)
+    Subclasses implement `load_splits`; this class holds out validation (`split_off`)
     and serves the splits. Its arguments are configs/data/_base/in_memory_image.yaml's keys.
     `on_device`: batches served from the training device (`DeviceTensorLoader`); `augment`:
     crops and flips of whole training batches there, a draw per image (kindling.data.augment).
@@ -110,9 +109,8 @@ class InMemoryImageDataModule(SplitDataModule):
         if isinstance(batch, list) and batch[0].dtype == torch.uint8:  # image files to predict
             self.mean, self.std = self.mean.to(batch[0].device), self.std.to(batch[0].device)
             return [self.standardise(batch[0].float() / 255), *batch[1:]]
-        if not (self.batch_augment and self.trainer is not None and self.trainer.training):
-            return batch
-        if not isinstance(batch, list | tuple):  # the model summary's example input
+        training = self.batch_augment and self.trainer is not None and self.trainer.training
+        if not training or not isinstance(batch, list | tuple):  # or the summary's example input
             return batch
         images, labels = batch
         if self._fill is None or self._fill.device != images.device:

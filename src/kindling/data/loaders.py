@@ -1,4 +1,5 @@
-"""What every kindling data module shares: a global batch size, its checks, its DataLoaders."""
+"""What every kindling data module shares: a global batch size, its checks, its train/val/test
+split (seeded, stratified where asked, or k-fold), its DataLoaders."""
 
 import atexit
 import functools
@@ -20,8 +21,8 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from kindling.config.errors import UserError
-from kindling.data.splits import check_folds
 
+SPLITS = ("train", "val", "test")
 PREDICT_SPLITS = ("test", "val")  # the splits `python -m kindling.predict input=` names
 
 
@@ -48,18 +49,80 @@ def default_num_workers(processes_per_node: int) -> int:
     return max(1, cpus // max(1, processes_per_node))
 
 
+def check_folds(folds: int | None, fold: int | None) -> None:
+    """Refuse a fold setting that picks no single validation fold (`data.folds`, `data.fold`)."""
+    if folds is None and fold is None:
+        return
+    if folds is None:
+        raise UserError(f"data.fold={fold} needs the number of folds: add data.folds=K (e.g. 5).")
+    if folds < 2:
+        raise UserError(
+            f"data.folds={folds}: cross-validation needs a whole number of folds, >= 2."
+        )
+    last = folds - 1
+    if fold is None:
+        raise UserError(
+            f"data.folds={folds} needs the validation fold: data.fold=0..{last} "
+            f"(all of them: -m data.fold={','.join(map(str, range(folds)))})."
+        )
+    if not 0 <= fold < folds:
+        raise UserError(f"data.fold={fold} is out of range for data.folds={folds}: use 0..{last}.")
+
+
+def fold_split(
+    labels: torch.Tensor, folds: int, fold: int, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(train, val)` indices into `labels`: val is fold `fold` of `folds`, train the others.
+
+    Shuffled with `seed`, grouped by class and dealt out in turn: the folds are disjoint, cover
+    every sample, and differ in size, and in each class's count, by at most one (stratified).
+    """
+    if len(labels) < folds:
+        raise UserError(f"Only {len(labels)} training samples: too few for data.folds={folds}.")
+    order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))
+    by_class = order[torch.sort(labels[order], stable=True).indices]
+    assigned = torch.empty(len(labels), dtype=torch.long)
+    assigned[by_class] = torch.arange(len(labels)) % folds
+    return (assigned != fold).nonzero().squeeze(1), (assigned == fold).nonzero().squeeze(1)
+
+
+def split_off(
+    labels: torch.Tensor,
+    fraction: float,
+    seed: int,
+    *,
+    folds: int | None = None,
+    fold: int | None = None,
+    stratify: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(rest, held out)` indices into `labels`, each ascending: fold `fold` of `folds` when
+    given (`fold_split`), else a seeded `fraction` of the samples (at least one); `stratify`
+    keeps each class's share, as fold 0 of `round(1 / fraction)` folds does."""
+    if folds is not None:
+        return fold_split(labels, folds, fold, seed)
+    count = len(labels)
+    if stratify:
+        return fold_split(labels, max(2, min(round(1 / fraction), count)), 0, seed)
+    held = max(1, round(count * fraction))
+    if held >= count:
+        raise UserError(
+            f"Only {count} training samples: too few to hold out {fraction:.0%} of them. Add "
+            "samples, or give the split of your own."
+        )
+    order = torch.randperm(count, generator=torch.Generator().manual_seed(seed))
+    return order[held:].sort().values, order[:held].sort().values
+
+
 class EpochPosition:
     """Where an epoch stands, saved in checkpoints: the samples of it that all processes took
     together. A run resumed from it serves the rest of that epoch, in the same order, dealt over
-    the processes it has, as many as the saving run's or not. Needs `seed`, `epoch` and
-    `processes`; `served_unit`: the samples an older checkpoint's `served` (this process's
-    count) stands for."""
+    the processes it has, as many as the saving run's or not. `served_unit`: the samples an
+    older checkpoint's `served` (this process's count) stands for."""
 
     consumed = 0
     _resume_at: tuple[int, int] | None = None  # (epoch, consumed) of a loaded state
 
-    def start(self) -> int:
-        """Where this epoch starts: a loaded position of this epoch, else its beginning."""
+    def start(self) -> int:  # a loaded position of this epoch, else its beginning
         resume, self._resume_at = self._resume_at, None
         self.consumed = resume[1] if resume is not None and resume[0] == self.epoch else 0
         return self.consumed
@@ -138,13 +201,9 @@ def _kill_loader_workers_at_exit() -> None:
 
 
 class SplitDataModule(L.LightningDataModule):
-    """Serves `data_train`, `data_val` and `data_test`, which a subclass's `setup_splits` sets.
-
-    Its hyperparameters: `batch_size` (global), `num_workers` (null: `default_num_workers`),
-    `pin_memory` (CUDA only), and where a subclass has them `persistent_workers`,
-    `prefetch_factor`, `drop_last` (training), `shuffle_seed`, `min_epoch_size`, `val_fraction`,
-    `folds` and `fold`. `fixed_batch_shapes`: False where batches vary in shape (padded
-    sequences); the trainer times cuDNN's convolution algorithms only when they do not.
+    """Serves `data_train`, `data_val` and `data_test`, which a subclass's `setup_splits` sets,
+    with the hyperparameters the data configs share. `fixed_batch_shapes`: False where batches
+    vary in shape (padded sequences); the trainer times cuDNN's algorithms only when they do not.
 
     `predict_input` (kindling.predict's `input=`) is a split, "test" or "val", or a path of new
     inputs, which `inputs_to_predict` reads: batches `[*inputs, rows, readable]`, `rows`
