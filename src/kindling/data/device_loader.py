@@ -23,13 +23,14 @@ def serve_on_device(
     the splits too large (decided once, on every rank alike)."""
     trainer = datamodule.trainer
     if datamodule._on_device is None:
-        splits = (datamodule.data_train, datamodule.data_val, datamodule.data_test)
-        size = sum(t.nbytes for split in splits if split is not None for t in split.tensors)
-        fits = datamodule.hparams.on_device is True or (
-            size <= ON_DEVICE_SHARE * torch.cuda.mem_get_info(trainer.strategy.root_device)[0]
-        )
-        # All ranks must serve batches the same way, or their steps would not match.
-        datamodule._on_device = trainer.strategy.reduce_boolean_decision(fits)
+        datamodule._on_device = datamodule.hparams.on_device is True
+        if not datamodule._on_device:  # `auto`, on CUDA
+            splits = (datamodule.data_train, datamodule.data_val, datamodule.data_test)
+            size = sum(t.nbytes for split in splits if split is not None for t in split.tensors)
+            free, _total = torch.cuda.mem_get_info(trainer.strategy.root_device)
+            # All ranks must serve batches the same way, or their steps would not match.
+            fits = size <= ON_DEVICE_SHARE * free
+            datamodule._on_device = trainer.strategy.reduce_boolean_decision(fits)
     if not datamodule._on_device:
         return None
     return DeviceTensorLoader(

@@ -1,20 +1,16 @@
 """What every kindling data module shares: a global batch size, its checks, its train/val/test
 split (seeded, stratified where asked, or k-fold), its DataLoaders."""
 
-import atexit
 import functools
 import inspect
 import itertools
 import math
-import multiprocessing
 import os
-import signal
 from collections.abc import Iterator
 from typing import Any
 
 import lightning as L
 import torch
-from lightning.fabric.utilities.seed import pl_worker_init_function
 from lightning.pytorch.accelerators import CUDAAccelerator
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
@@ -178,28 +174,6 @@ class ResumableDistributedSampler(EpochPosition, DistributedSampler):
         return torch.cat(perms).tolist()
 
 
-def leave_stop_signals_to_the_main_process(worker_id: int, rank: int) -> None:
-    """A loader worker ignores Ctrl-C and SIGTERM: a terminal and SLURM's `scancel` signal the
-    whole process group, and a worker that died of it would fail the step its main process is
-    finishing before it saves. The main process ends its workers when it exits."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    if int(os.environ.get("PL_SEED_WORKERS", 0)):  # Lightning seeds only a loader without one
-        pl_worker_init_function(worker_id, rank)
-
-
-@atexit.register  # after multiprocessing's own exit hook (torch imported it), so it runs first
-def _kill_loader_workers_at_exit() -> None:
-    """Python's exit terminates daemonic children (loader workers) with SIGTERM, then waits for
-    them: workers that ignore it would keep a process that iterated a loader itself from ever
-    exiting. At exit they are killed instead (without torch's check of its workers, which would
-    report the kill as a failure); a Trainer has ended its own by then."""
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    for child in multiprocessing.active_children():
-        if child.daemon:
-            child.kill()
-
-
 class SplitDataModule(L.LightningDataModule):
     """Serves `data_train`, `data_val` and `data_test`, which a subclass's `setup_splits` sets,
     with the hyperparameters the data configs share. `fixed_batch_shapes`: False where batches
@@ -221,8 +195,8 @@ class SplitDataModule(L.LightningDataModule):
     def save_hyperparameters(self, *args: Any, **kwargs: Any) -> None:
         # Lightning's, of the caller's arguments; then the keys data modules share are checked,
         # at construction, before any data is read.
-        frame = inspect.currentframe().f_back
-        super().save_hyperparameters(*args, frame=frame, logger=False, **kwargs)
+        kwargs.setdefault("logger", False)
+        super().save_hyperparameters(*args, frame=inspect.currentframe().f_back, **kwargs)
         hp = self.hparams
         per_device_batch_size(hp.batch_size, 1)
         if "val_fraction" in hp and not 0.0 < hp.val_fraction < 1.0:
@@ -306,14 +280,16 @@ class SplitDataModule(L.LightningDataModule):
             sampler = UnrepeatedDistributedSampler(
                 dataset, num_replicas=world_size, rank=rank, shuffle=False
             )
+        options = self.loader_options(dataset, drop_last)
+        if options["num_workers"] > 0:
+            from kindling.data.workers import leave_stop_signals_to_the_main_process
+
+            options["worker_init_fn"] = functools.partial(
+                leave_stop_signals_to_the_main_process, rank=rank
+            )
         # torchdata's loader saves its position (sampler, workers) in Lightning's checkpoints.
         return StatefulDataLoader(
-            dataset,
-            shuffle=shuffle,
-            sampler=sampler,
-            generator=generator,
-            worker_init_fn=functools.partial(leave_stop_signals_to_the_main_process, rank=rank),
-            **self.loader_options(dataset, drop_last),
+            dataset, shuffle=shuffle, sampler=sampler, generator=generator, **options
         )
 
     def loader_options(self, dataset: Dataset, drop_last: bool) -> dict:

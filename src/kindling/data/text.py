@@ -95,11 +95,9 @@ class TokenWindows(Dataset):
 
 class RandomWindowSampler(Sampler[int]):
     """`num_samples` indices of a dataset of `num_windows`, drawn anew each epoch, with
-    replacement, as nanoGPT draws its batches: a corpus of any size costs `num_samples` numbers.
-
-    Seeded from torch's global generator, as `RandomSampler` is: `seed_everything` fixes it and
-    a resumed run restores it. Not a `RandomSampler`, which Lightning would swap for a
-    `DistributedSampler` over all windows; this one it wraps, splitting its draws over processes.
+    replacement, as nanoGPT draws its batches, from torch's global generator (as `RandomSampler`
+    draws; `seed_everything` fixes it, a resumed run restores it). Not a `RandomSampler`, which
+    Lightning would swap for a `DistributedSampler` over all windows; this one it wraps.
     """
 
     def __init__(self, num_windows: int, num_samples: int):
@@ -175,18 +173,6 @@ def download_target(download: str, data_dir: str | Path) -> tuple[str, Path]:
     )
 
 
-def fetch(url: str, destination: Path) -> None:
-    """Download `url` to `destination` atomically: a failed download leaves no partial file."""
-    try:
-        with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as response:
-            write_atomically(destination, lambda file: shutil.copyfileobj(response, file))
-    except (urllib.error.URLError, OSError) as error:
-        raise UserError(
-            f"Could not download {url} ({error}). Put the file at {destination} yourself, "
-            "or train on a local file with data.path=<file>."
-        ) from error
-
-
 class CharTextDataModule(SplitDataModule):
     """A character-level corpus, split by position into train | val | test, served as windows
     of `context_length` characters with the window shifted by one as the target. The vocabulary
@@ -232,10 +218,19 @@ class CharTextDataModule(SplitDataModule):
 
     def prepare_data(self) -> None:
         # Lightning calls this on one process per node, before setup(): the place to download.
-        if self.hparams.download is not None:
-            url, cached = download_target(self.hparams.download, self.hparams.data_dir)
-            if not cached.is_file():
-                fetch(url, cached)
+        if self.hparams.download is None:
+            return
+        url, cached = download_target(self.hparams.download, self.hparams.data_dir)
+        if cached.is_file():
+            return
+        try:  # atomically: a failed download leaves no partial file
+            with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as response:
+                write_atomically(cached, lambda file: shutil.copyfileobj(response, file))
+        except (urllib.error.URLError, OSError) as error:
+            raise UserError(
+                f"Could not download {url} ({error}). Put the file at {cached} yourself, "
+                "or train on a local file with data.path=<file>."
+            ) from error
 
     def load_text(self) -> str:
         hp = self.hparams

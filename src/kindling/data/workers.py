@@ -1,0 +1,31 @@
+"""What the processes of a data loader's workers need: to leave stop signals to the main
+process, and to be ended when it exits (imported where a loader has workers)."""
+
+import atexit
+import multiprocessing
+import os
+import signal
+
+from lightning.fabric.utilities.seed import pl_worker_init_function
+
+
+def leave_stop_signals_to_the_main_process(worker_id: int, rank: int) -> None:
+    """A loader worker ignores Ctrl-C and SIGTERM: a terminal and SLURM's `scancel` signal the
+    whole process group, and a worker that died of it would fail the step its main process is
+    finishing before it saves. The main process ends its workers when it exits."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if int(os.environ.get("PL_SEED_WORKERS", 0)):  # Lightning seeds only a loader without one
+        pl_worker_init_function(worker_id, rank)
+
+
+@atexit.register  # after multiprocessing's own exit hook (torch imported it), so it runs first
+def _kill_loader_workers_at_exit() -> None:
+    """Python's exit terminates daemonic children (loader workers) with SIGTERM, then waits for
+    them: workers that ignore it would keep a process that iterated a loader itself from ever
+    exiting. At exit they are killed instead (without torch's check of its workers, which would
+    report the kill as a failure); a Trainer has ended its own by then."""
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    for child in multiprocessing.active_children():
+        if child.daemon:
+            child.kill()
