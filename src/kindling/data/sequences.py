@@ -158,10 +158,12 @@ def read_sequence_table(
         raise UserError(f"{where} has no feature columns, only {', '.join(special)}.")
     values = _feature_matrix(table, features, where)
 
-    try:
-        ids, group = np.unique(row_ids, return_inverse=True)
+    try:  # and the file row where each sequence first appears
+        ids, first_rows, group = np.unique(row_ids, return_index=True, return_inverse=True)
     except TypeError:  # ids of mixed kinds (numbers and text) do not sort
-        ids, group = np.unique(row_ids.astype(str), return_inverse=True)
+        ids, first_rows, group = np.unique(
+            row_ids.astype(str), return_index=True, return_inverse=True
+        )
     order_within = np.arange(len(group))
     if time_column is not None:
         order_within = _column(table, time_column, where, fix("time_column")).astype(float)
@@ -187,8 +189,6 @@ def read_sequence_table(
             f"{where}: column {features[col]!r} row {row + 1} is empty or NaN. Fill it, or "
             f"{remedy}."
         )
-    first_rows = np.full(len(ids), len(group))
-    np.minimum.at(first_rows, group, np.arange(len(group)))
     steps = torch.from_numpy(values[order].astype(np.float32))
     sequences = list(torch.split(steps, counts.tolist()))
     if to_predict:
