@@ -111,7 +111,8 @@ def _bind(node: DictConfig, key: str) -> None:
         parameter = parameters.get(argument)
         if argument in HYDRA_KEYS or (parameter is None and takes_any):
             continue
-        given = f"{key}.{argument}={value if isinstance(value, str) else json.dumps(value)}"
+        shown = value if isinstance(value, str) else json.dumps(value, default=str)  # as typed
+        given = f"{key}.{argument}={shown}"
         if parameter is None:
             raise UserError(
                 f"{given}: {name} takes no argument {argument!r} (it takes "
