@@ -104,6 +104,7 @@ def check_arguments(node: Any, key: str) -> None:
 
 
 def _bind(node: DictConfig, key: str) -> None:
+    """One object's own arguments against its target's signature."""
     name = node._target_
     parameters, takes_any, needed = _signature(locate(name, key))
     values = OmegaConf.to_container(node, resolve=True)
