@@ -164,6 +164,18 @@ def test_ddp_and_fsdp_take_every_visible_gpu(monkeypatch, compose_config, option
     assert build(cfg.trainer, "trainer").num_devices == gpus
 
 
+def test_a_list_of_gpu_indices_asks_for_one_process_each(monkeypatch, compose_config) -> None:
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 4)
+    cfg = compose_config("trainer=ddp", "trainer.devices=[1,3]", *QUIET)
+    checks.check_accelerator(cfg.trainer)
+    assert checks.requested_world_size(cfg.trainer) == 2
+    with pytest.raises(checks.UserError, match=r"asks for 5 GPUs; this machine has 4"):
+        checks.check_accelerator(
+            compose_config("trainer=ddp", "trainer.devices=[0,1,2,3,4]").trainer
+        )
+
+
 # What each rank trained with, written by a callback `train.py` imports from tmp_path.
 RANK_RECORD = """
 import json

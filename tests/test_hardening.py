@@ -274,10 +274,11 @@ def test_a_patch_whose_lightning_target_changed_stops_with_the_version(monkeypat
         trainer = lightning.Trainer(logger=False, enable_progress_bar=False)
         internals.check_hydra_launchers()
         internals.check_sampler_epoch()
-        internals.check_training_loader(trainer)
-        internals.check_sigterm_flag(trainer)
-        internals.check_throughput_meters(ThroughputMonitor(batch_size_fn=len))
-        internals.check_epoch_end_row(trainer)
+        # Each use checks first; on a Trainer that has not started, none has work to do.
+        assert internals.continue_training_loader(trainer, [], lambda loader, state: state)
+        internals.set_sigterm_received(trainer, False)
+        internals.set_available_flops(ThroughputMonitor(batch_size_fn=len), 1.0)
+        assert internals.epoch_end_row(trainer) is None
 
     check_all()  # the installed Lightning passes
     breaks(monkeypatch)

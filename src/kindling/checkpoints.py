@@ -1,5 +1,6 @@
 """Checkpoint files read safely, from a path or a URL (`kindling.files` writes them)."""
 
+import contextlib
 import re
 from pathlib import Path
 from typing import Any
@@ -25,11 +26,8 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     if local and fs.size(inner) == 0:
         raise UserError(f"{path} is empty (0 bytes).{intact_beside(Path(inner))}")
     try:
-        if local:
-            checkpoint = _load(inner)
-        else:
-            with fs.open(inner, "rb") as file:
-                checkpoint = _load(file)
+        with contextlib.nullcontext(inner) if local else fs.open(inner, "rb") as source:
+            checkpoint = _load(source)
     except Exception as error:
         beside = intact_beside(Path(inner)) if local else " Check ckpt_path."
         raise UserError(f"{path} is not a readable checkpoint ({error}).{beside}") from error

@@ -32,12 +32,12 @@ class DeviceInfo:
     @property
     def recommended_trainer(self) -> str:
         if self.gpus:
-            return "ddp" if len(self.gpus) > 1 else "gpu"
+            return "ddp" if len(self.gpus) > 1 else "gpu"  # trainer=ddp takes every GPU
         return "mps" if self.mps_available else "cpu"
 
     @property
     def recommended_overrides(self) -> str:
-        return f"trainer={self.recommended_trainer}"  # trainer=ddp takes every GPU
+        return f"trainer={self.recommended_trainer}"
 
 
 def collect_device_info() -> DeviceInfo:
@@ -100,19 +100,14 @@ def cuda_capabilities() -> list[tuple[int, int]]:
         try:
             visible = os.environ.get("CUDA_VISIBLE_DEVICES")
             names = range(pynvml.nvmlDeviceGetCount()) if visible is None else visible.split(",")
-            return [
-                tuple(pynvml.nvmlDeviceGetCudaComputeCapability(_nvml_handle(str(n).strip())))
-                for n in names
-                if str(n).strip()
-            ]
+            names = [str(name).strip() for name in names if str(name).strip()]
+            handles = [  # CUDA_VISIBLE_DEVICES names each GPU by its index or its UUID
+                pynvml.nvmlDeviceGetHandleByIndex(int(name)) if name.isdigit()
+                else pynvml.nvmlDeviceGetHandleByUUID(name)
+                for name in names
+            ]  # fmt: skip
+            return [tuple(pynvml.nvmlDeviceGetCudaComputeCapability(h)) for h in handles]
         finally:
             pynvml.nvmlShutdown()
     except pynvml.NVMLError:
         return [tuple(torch.cuda.get_device_capability())]
-
-
-def _nvml_handle(name: str) -> object:
-    """An index or a UUID of CUDA_VISIBLE_DEVICES."""
-    if name.isdigit():
-        return pynvml.nvmlDeviceGetHandleByIndex(int(name))
-    return pynvml.nvmlDeviceGetHandleByUUID(name)

@@ -65,13 +65,6 @@ def check_sampler_epoch() -> None:
     _require(callable(setter), "lightning.fabric.utilities.data._set_sampler_epoch")
 
 
-def check_training_loader(trainer: lightning.Trainer) -> None:
-    for name in ("_combined_loader", "_data_fetcher"):
-        _require(hasattr(trainer.fit_loop, name), f"_FitLoop.{name}")
-    load = getattr(CombinedLoader, "_load_state_dicts", None)
-    _require(callable(load), "CombinedLoader._load_state_dicts(states)")
-
-
 def continue_training_loader(
     trainer: lightning.Trainer, states: list[dict], adapt: Callable[[object, dict], dict | None]
 ) -> bool:
@@ -79,7 +72,10 @@ def continue_training_loader(
     `adapt(loader, state)` gives them; False, nothing done, where it gives None) and a new
     iterator."""
     check_sampler_epoch()
-    check_training_loader(trainer)
+    for name in ("_combined_loader", "_data_fetcher"):
+        _require(hasattr(trainer.fit_loop, name), f"_FitLoop.{name}")
+    load = getattr(CombinedLoader, "_load_state_dicts", None)
+    _require(callable(load), "CombinedLoader._load_state_dicts(states)")
     loop = trainer.fit_loop
     combined, fetcher = loop._combined_loader, loop._data_fetcher
     if combined is None or fetcher is None:
@@ -95,32 +91,26 @@ def continue_training_loader(
     return True
 
 
-def check_sigterm_flag(trainer: lightning.Trainer) -> None:
-    flag = getattr(trainer._signal_connector, "received_sigterm", None)
-    _require(isinstance(flag, bool), "_SignalConnector.received_sigterm")
-
-
 def set_sigterm_received(trainer: lightning.Trainer, received: bool) -> None:
     """Set the flag Lightning's loops stop on at the end of a step."""
-    check_sigterm_flag(trainer)
+    flag = getattr(trainer._signal_connector, "received_sigterm", None)
+    _require(isinstance(flag, bool), "_SignalConnector.received_sigterm")
     trainer._signal_connector.received_sigterm = received
-
-
-def check_throughput_meters(monitor: ThroughputMonitor) -> None:
-    meters = getattr(monitor, "_throughputs", None)
-    meters_ok = isinstance(meters, dict) and all(isinstance(m, Throughput) for m in meters.values())
-    _require(meters_ok, "ThroughputMonitor._throughputs")
 
 
 def set_available_flops(monitor: ThroughputMonitor, flops: float) -> None:
     """Have a set-up `monitor` compute MFU over a peak of `flops` FLOP/s."""
-    check_throughput_meters(monitor)
+    meters = getattr(monitor, "_throughputs", None)
+    meters_ok = isinstance(meters, dict) and all(isinstance(m, Throughput) for m in meters.values())
+    _require(meters_ok, "ThroughputMonitor._throughputs")
     monitor.available_flops = flops
-    for meter in monitor._throughputs.values():
+    for meter in meters.values():
         meter.available_flops = flops
 
 
-def check_epoch_end_row(trainer: lightning.Trainer) -> None:
+def epoch_end_row(trainer: lightning.Trainer) -> tuple[dict[str, float], int] | None:
+    """The row, and its step, the Trainer logs when the training epoch ends, after the epoch's
+    end hooks (checkpoints); None at any other moment or when it logs nothing."""
     connector = type(getattr(trainer, "_logger_connector", None))
     _require(isinstance(getattr(connector, "metrics", None), property), "_LoggerConnector.metrics")
     step = getattr(trainer.fit_loop.epoch_loop, "_batches_that_stepped", None)
@@ -128,12 +118,6 @@ def check_epoch_end_row(trainer: lightning.Trainer) -> None:
     names, row = _names(_FitLoop.on_advance_end), "update_train_epoch_metrics"
     hooks_first = row in names and "_call_callback_hooks" in names[: names.index(row)]
     _require(hooks_first, "_FitLoop.on_advance_end logging the train row after the epoch's hooks")
-
-
-def epoch_end_row(trainer: lightning.Trainer) -> tuple[dict[str, float], int] | None:
-    """The row, and its step, the Trainer logs when the training epoch ends, after the epoch's
-    end hooks (checkpoints); None at any other moment or when it logs nothing."""
-    check_epoch_end_row(trainer)
     progress = trainer.fit_loop.epoch_progress.current
     if not trainer.training or progress.processed == progress.completed:
         return None

@@ -32,13 +32,12 @@ def _no_notice(record: logging.LogRecord) -> bool:
 
 def ignore_unhelpful_warnings() -> None:
     """Filter the known unhelpful warnings; helpful ones (e.g. about DistributedSampler during
-    test) still show. Safe to call more than once: equal filters replace each other."""
+    test) still show. Safe to call more than once: equal warning filters replace each other."""
     for message, category in UNHELPFUL_WARNINGS:
         warnings.filterwarnings("ignore", message=message, category=category)
     if "SLURM_JOB_ID" not in os.environ:
         # Lightning's hint to start with srun, on any machine with SLURM's commands: it helps
         # inside an allocation only (kindling's SLURM launcher runs srun itself).
         warnings.filterwarnings("ignore", message=r".*The `srun` command is available.*")
-    rank_zero_logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
-    if _no_notice not in rank_zero_logger.filters:
-        rank_zero_logger.addFilter(_no_notice)
+    # Added once, however often it is called: addFilter skips a filter it already has.
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_no_notice)

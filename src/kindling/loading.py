@@ -31,17 +31,15 @@ def load_module(
     return module.eval(), checkpoint
 
 
-# The arguments that make a net fetch its starting weights (model=timm), and what turns that off.
-PRETRAINED_WEIGHTS = {"pretrained": False, "pretrained_file": None}
-
-
 def without_pretrained_weights(model: dict[str, Any]) -> dict[str, Any]:
-    """The model config with its net built from scratch: the checkpoint's weights replace any
-    pretrained ones, so loading needs neither the network nor the file training started from."""
+    """The model config with its net built from scratch (`model=timm`: not `pretrained`, no
+    `pretrained_file`): the checkpoint's weights replace any pretrained ones, so loading needs
+    neither the network nor the file training started from."""
     net = model.get("net")
-    if not isinstance(net, dict) or not PRETRAINED_WEIGHTS.keys() & net.keys():
+    if not isinstance(net, dict):
         return model
-    return {**model, "net": {**net, **{k: v for k, v in PRETRAINED_WEIGHTS.items() if k in net}}}
+    off = {"pretrained": False, "pretrained_file": None}
+    return {**model, "net": {**net, **{k: v for k, v in off.items() if k in net}}}
 
 
 # What a checkpoint's stored config may build: kindling's models, modules and data, and the

@@ -60,7 +60,14 @@ def run(cfg: DictConfig) -> float | None:
     jobs go on, and with HYDRA_FULL_ERROR=1)."""
     ignore_unhelpful_warnings()
     if HydraConfig.initialized():
-        _log_through_hydra()
+        # Into Hydra's handlers (console and train.log): Lightning imported before logging was
+        # configured gave itself a console handler.
+        for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
+            library_log = logging.getLogger(name)
+            for handler in [h for h in library_log.handlers if type(h) is logging.StreamHandler]:
+                library_log.removeHandler(handler)
+            library_log.propagate = True
+        logging.captureWarnings(True)
     previous_handler = _exit_on_sigterm()
     try:
         with job_record.job_environment(), job_record.recorded_job(cfg.paths.output_dir):
@@ -101,17 +108,6 @@ def _exit_on_sigterm() -> Any:
         return None
 
 
-def _log_through_hydra() -> None:
-    """Lightning's messages and Python's warnings into Hydra's handlers (console and train.log):
-    Lightning imported before logging is configured gives itself a console handler."""
-    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
-        library_log = logging.getLogger(name)
-        for handler in [h for h in library_log.handlers if type(h) is logging.StreamHandler]:
-            library_log.removeHandler(handler)
-        library_log.propagate = True
-    logging.captureWarnings(True)
-
-
 def train_and_test(cfg: DictConfig) -> float | None:
     augment_images_only(cfg.data)
     try:  # a refused resume leaves its run folder as it was
@@ -139,8 +135,8 @@ def train_and_test(cfg: DictConfig) -> float | None:
     trainer = build_trainer(cfg, run_provenance, datamodule=datamodule)
 
     rank_zero_info(f"Run folder: {cfg.paths.output_dir}")
-    config = OmegaConf.to_container(cfg, resolve=True)
-    hparams = {**config, "provenance": provenance.summary(run_provenance)}
+    hparams = {**OmegaConf.to_container(cfg, resolve=True)}
+    hparams["provenance"] = provenance.summary(run_provenance)
     if all(isinstance(logger, CSVLogger) for logger in trainer.loggers):  # the run's own record
         for logger in trainer.loggers:
             logger.log_hyperparams(hparams)
@@ -152,7 +148,6 @@ def train_and_test(cfg: DictConfig) -> float | None:
     if cfg.get("train"):
         trainer.fit(model=model, datamodule=datamodule, ckpt_path=checkpoint)
     metrics = dict(trainer.callback_metrics)
-
     tested = None
     if cfg.get("test"):
         tested = _tested_checkpoint(trainer) if cfg.get("train") else checkpoint
@@ -173,13 +168,11 @@ def fill_in_from_data(data: DictConfig, datamodule: L.LightningDataModule) -> No
     """The `data.` keys the config leaves null, from the data module's `describe()` (a folder's
     class count, a table's features): `${data.num_classes}` in the model's config then reads the
     real value, and composing a config (`--cfg job`) reads no data."""
-    describe = getattr(datamodule, "describe", None)
-    if describe is None:
-        return
-    found = {key: value for key, value in describe().items() if data.get(key) is None}
-    datamodule.hparams.update(found)
-    with open_dict(data):
-        data.merge_with(found)
+    if hasattr(datamodule, "describe"):
+        found = {k: v for k, v in datamodule.describe().items() if data.get(k) is None}
+        datamodule.hparams.update(found)
+        with open_dict(data):
+            data.merge_with(found)
 
 
 def augment_images_only(data: DictConfig) -> None:
@@ -196,20 +189,27 @@ def build_trainer(
     extra_callbacks: Sequence[Callback] = (),
     datamodule: L.LightningDataModule | None = None,
 ) -> L.Trainer:
-    """The Trainer of `cfg.trainer` with the configured loggers and callbacks (and, for the
-    benchmarks, `extra_callbacks`)."""
-    decide_device_defaults(cfg.trainer, datamodule)
-    loggers = instantiate_group(cfg.get("logger"), "logger")
+    """The Trainer of `cfg.trainer` with the configured callbacks and loggers (and, for the
+    benchmarks, `extra_callbacks`). A null `precision` becomes this device's best, a null
+    `benchmark` true where the data module's batches have `fixed_batch_shapes`: the recorded
+    config says what the run trained with."""
+    with open_dict(cfg.trainer):
+        if cfg.trainer.get("precision") is None:
+            cfg.trainer.precision = best_precision(cfg.trainer.get("accelerator", "auto"))
+        if cfg.trainer.get("benchmark") is None:
+            fixed = getattr(datamodule, "fixed_batch_shapes", False)
+            cfg.trainer.benchmark = bool(fixed and not cfg.trainer.get("deterministic"))
     callbacks = [*instantiate_group(cfg.get("callbacks"), "callbacks"), *extra_callbacks]
+    loggers = instantiate_group(cfg.get("logger"), "logger")
     for callback in callbacks:
         if isinstance(callback, ResumeExactly):  # the run's record: no YAML value holds it
             callback.config = OmegaConf.to_container(cfg, resolve=True)
             callback.provenance = run_provenance
     # `trainer.enable_progress_bar=false` and the like drop their callbacks, which Lightning would
     # refuse (or run anyway); LearningRateMonitor refuses to run without a logger.
-    switched_off = {"enable_progress_bar": ProgressBar, "enable_model_summary": ModelSummary}
-    switched_off |= {"enable_checkpointing": ModelCheckpoint}
-    dropped = tuple(kind for flag, kind in switched_off.items() if cfg.trainer.get(flag) is False)
+    switches = {"enable_progress_bar": ProgressBar, "enable_model_summary": ModelSummary}
+    switches["enable_checkpointing"] = ModelCheckpoint
+    dropped = tuple(kind for flag, kind in switches.items() if cfg.trainer.get(flag) is False)
     dropped += () if loggers else (LearningRateMonitor,)
     callbacks = [c for c in callbacks if not isinstance(c, dropped)]
     # Last: it holds back a SIGTERM that arrived during any other callback's validation hooks.
@@ -222,17 +222,6 @@ def build_trainer(
     return trainer
 
 
-def decide_device_defaults(trainer: DictConfig, datamodule: L.LightningDataModule | None) -> None:
-    """Fill in a null `precision` (for this device) and `benchmark` (on where the data module's
-    batches have `fixed_batch_shapes`), so the recorded config says what the run trained with."""
-    with open_dict(trainer):
-        if trainer.get("precision") is None:
-            trainer.precision = best_precision(trainer.get("accelerator", "auto"))
-        if trainer.get("benchmark") is None:
-            fixed = getattr(datamodule, "fixed_batch_shapes", False)
-            trainer.benchmark = bool(fixed and not trainer.get("deterministic"))
-
-
 def _check(cfg: DictConfig) -> str | None:
     """Fail on bad input before any work; return the checkpoint file to start from, if any."""
     folder_lock.hold(cfg.paths.output_dir)  # first: a folder in use is refused for that alone
@@ -240,7 +229,7 @@ def _check(cfg: DictConfig) -> str | None:
     checks.check_seed(cfg.get("seed"))
     # Every object's config against its target's signature, before anything is built (the
     # model's once the data has filled in what only it knows: fill_in_from_data).
-    for group in ("data", "trainer", "callbacks", "logger"):
+    for group in ("data", "callbacks", "logger", "trainer"):
         check_arguments(cfg.get(group), group)
     checks.check_accelerator(cfg.trainer)
     checks.check_launched_processes(cfg.trainer)
@@ -256,22 +245,20 @@ def _check(cfg: DictConfig) -> str | None:
     return None
 
 
-def run_summary(
-    trainer: L.Trainer, metrics: dict, run_dir: str | Path, tested: str | None = None
-) -> str:
+def run_summary(trainer: L.Trainer, metrics: dict, run_dir: str, tested: str | None) -> str:
     """The best checkpoint and its score, the test metrics and the weights they are of (the
     checkpoint `tested`, or those training ended with), the pictures, the run folder."""
     lines = []
-    callback = trainer.checkpoint_callback
-    if callback is not None and callback.best_model_path and callback.best_model_score is not None:
-        score = float(callback.best_model_score)
-        lines.append(f"Best: {callback.monitor} {score:.4f}, {callback.best_model_path}")
-    test = {k: float(v) for k, v in sorted(metrics.items()) if k.startswith("test/")}
-    if test:
-        weights = tested or "the weights training ended with"
+    best = trainer.checkpoint_callback
+    if best is not None and best.best_model_path and best.best_model_score is not None:
         lines.append(
-            "Test: " + ", ".join(f"{k} {v:.4f}" for k, v in test.items()) + f" ({weights})"
+            f"Best: {best.monitor} {float(best.best_model_score):.4f}, {best.best_model_path}"
         )
+    test = ", ".join(
+        f"{k} {float(v):.4f}" for k, v in sorted(metrics.items()) if k.startswith("test/")
+    )
+    if test:
+        lines.append(f"Test: {test} ({tested or 'the weights training ended with'})")
     pictures = sorted(p.name for p in Path(run_dir).glob("*.png"))
     if pictures:
         lines.append(f"Pictures: {', '.join(pictures)}")
@@ -282,16 +269,13 @@ def _tested_checkpoint(trainer: L.Trainer) -> str | None:
     """None, the weights training ended with (the end of the learning-rate schedule); where
     early stopping ended training, its best checkpoint instead, found again if the run folder
     moved. A validation split of a few samples cannot choose an epoch (docs/data.md)."""
-    stopper = trainer.early_stopping_callback
+    stopper, callback = trainer.early_stopping_callback, trainer.checkpoint_callback
     if stopper is None or stopper.stopping_reason == EarlyStoppingReason.NOT_STOPPED:
         return None
-    callback = trainer.checkpoint_callback
     if not (callback and callback.best_model_path):
         rank_zero_warn("No best checkpoint was saved: testing the weights at the end of training.")
         return None
-    if is_url(callback.best_model_path):  # object storage: where it was written
-        return callback.best_model_path
-    best = Path(callback.best_model_path)
-    if not best.is_file():  # a resumed run whose folder moved: same file name, new folder
-        best = Path(callback.dirpath) / best.name
-    return str(best)
+    best = callback.best_model_path
+    if is_url(best) or Path(best).is_file():  # object storage: where it was written
+        return best
+    return str(Path(callback.dirpath) / Path(best).name)  # a resumed run's folder moved

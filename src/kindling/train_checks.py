@@ -7,7 +7,7 @@ import os
 import torch
 from hydra.core.hydra_config import HydraConfig
 from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
-from omegaconf import DictConfig
+from omegaconf import DictConfig, ListConfig
 
 from kindling.config.errors import UserError
 
@@ -44,7 +44,7 @@ def requested_world_size(trainer: DictConfig) -> int:
     if devices in ("auto", -1):
         on_gpu = str(trainer.get("accelerator")) in ("gpu", "cuda", "auto")
         devices = max(1, torch.cuda.device_count()) if on_gpu else 1
-    count = len(devices) if isinstance(devices, list | tuple) else devices
+    count = len(devices) if isinstance(devices, ListConfig | list) else devices
     if not isinstance(count, int) or count < 1:
         raise UserError(
             f"trainer.devices={devices!r} is not a device count: use a number (2), a list of "
@@ -66,7 +66,7 @@ def check_accelerator(trainer: DictConfig) -> None:
                 "trainer.accelerator=auto to use a GPU only where there is one. "
                 "`python -m kindling.device_report` shows what torch sees."
             )
-        wanted = len(devices) if isinstance(devices, list | tuple) else devices
+        wanted = len(devices) if isinstance(devices, ListConfig | list) else devices
         available = torch.cuda.device_count()
         if isinstance(wanted, int) and wanted > available:
             raise UserError(

@@ -18,27 +18,22 @@ FIRST = ("data", "model", "callbacks", "logger", "trainer", "paths")
 log = logging.getLogger(__name__)
 
 
-def config_tree(cfg: DictConfig) -> rich.tree.Tree:
-    """One branch per group (its resolved values as YAML), one leaf per top-level value."""
+@rank_zero_only
+def print_config_tree(
+    cfg: DictConfig, save_dir: str | Path | None = None, to_console: bool = False
+) -> None:
+    """Save the resolved config in `config_tree.log`, one branch per group (its values as YAML),
+    one leaf per top-level value (Hydra's `.hydra/config.yaml` keeps the `${...}`); print it with
+    `to_console`, else say where."""
     tree = rich.tree.Tree("config", style="bold", guide_style="dim")
     values = OmegaConf.to_container(cfg, resolve=True)
-    for key in [k for k in FIRST if k in cfg] + [k for k in cfg if k not in FIRST]:
-        if isinstance(cfg[key], DictConfig):
+    for key in [k for k in FIRST if k in values] + [k for k in values if k not in FIRST]:
+        if isinstance(values[key], dict):
             text = yaml.safe_dump(values[key], sort_keys=False, width=1000).rstrip()
             tree.add(key, style="bold").add(Syntax(text, "yaml", theme="ansi_dark"))
         else:  # one line of YAML (`[dev]`, `null`), as Text: rich would take `[dev]` for markup
             line = yaml.safe_dump(values[key], default_flow_style=True, width=1000)
             tree.add(Text(f"{key}: " + line.removesuffix("...\n").strip()))
-    return tree
-
-
-@rank_zero_only
-def print_config_tree(
-    cfg: DictConfig, save_dir: str | Path | None = None, to_console: bool = False
-) -> None:
-    """Save the resolved config as a tree in `config_tree.log` (Hydra's `.hydra/config.yaml` keeps
-    the `${...}`); print it with `to_console`, else say where."""
-    tree = config_tree(cfg)
     if to_console or save_dir is None:
         Console().print(tree)
     else:

@@ -1,11 +1,12 @@
-"""Build objects from config, each config checked against its target's signature first: a
-missing target, an unknown or missing argument, or a value a simple hint refuses is one line
-naming the key; so is a value the target refuses when built (the library's own message) or a
-missing package. Anything else (a bug in a constructor) keeps its traceback."""
+"""Build objects from config, each config bound to its target's signature first (torchtune's
+check): a missing target, an unknown or missing argument, or a value a simple hint refuses is one
+line naming the key; so is a value the target refuses when built (the library's own message) or
+a missing package. Anything else (a bug in a constructor) keeps its traceback."""
 
 import functools
 import importlib
 import inspect
+import json
 import typing
 from collections.abc import Sequence
 from types import UnionType
@@ -27,9 +28,9 @@ REFUSALS = (ValueError, MisconfigurationException, ImportError)
 
 
 def build(node: DictConfig, key: str, **kwargs: Any) -> Any:
-    """`instantiate(node)`, its nested objects built first so that a refusal names the one that
-    refused; a `_partial_: true` one becomes a `ConfigFactory`. Plain lists and dicts
-    (`_convert_="all"`): checkpoints load them with `weights_only=True`."""
+    """`instantiate(node)` into plain lists and dicts (`_convert_="all"`: checkpoints load them
+    with `weights_only=True`), its nested objects built first so that a refusal names the one
+    that refused; a `_partial_: true` one becomes a `ConfigFactory`."""
     if node.get("_recursive_", True):
         for name, child in node.items():
             if name not in kwargs and isinstance(child, DictConfig) and "_target_" in child:
@@ -93,42 +94,46 @@ def check_arguments(node: Any, key: str) -> None:
     """Bind every object's config under `node` to its target's signature."""
     if not isinstance(node, DictConfig):
         return
-    if "_target_" not in node:
-        for name, child in node.items():
+    if "_target_" in node:
+        _bind(node, key)
+        if not node.get("_recursive_", True):
+            return
+    for name, child in node.items():
+        if name not in HYDRA_KEYS:
             check_arguments(child, f"{key}.{name}")
-        return
-    target, name = locate(node._target_, key), node._target_
-    parameters, takes_any, needed = _signature(target)
+
+
+def _bind(node: DictConfig, key: str) -> None:
+    """One object's own arguments against its target's signature."""
+    name = node._target_
+    parameters, takes_any, needed = _signature(locate(name, key))
     values = OmegaConf.to_container(node, resolve=True)
     for argument, value in values.items():
-        if argument in HYDRA_KEYS:
+        parameter = parameters.get(argument)
+        if argument in HYDRA_KEYS or (parameter is None and takes_any):
             continue
-        if argument not in parameters and not takes_any:
+        shown = value if isinstance(value, str) else json.dumps(value, default=str)  # as typed
+        given = f"{key}.{argument}={shown}"
+        if parameter is None:
             raise UserError(
-                f"{key}.{argument}={_show(value)}: {name} takes no argument {argument!r} (it "
-                f"takes {', '.join(parameters)}). Remove {key}.{argument} or correct its name."
+                f"{given}: {name} takes no argument {argument!r} (it takes "
+                f"{', '.join(parameters)}). Remove {key}.{argument} or correct its name."
             )
-        hint = parameters[argument].annotation if argument in parameters else None
-        if hint is not None and not _has_type(value, hint):
-            hint_name = hint.__name__ if isinstance(hint, type) else str(hint)
-            hint_name = hint_name.replace("typing.", "").replace("collections.abc.", "")
+        if not _has_type(value, parameter.annotation):
+            hint = parameter.annotation
+            hint = hint.__name__ if isinstance(hint, type) else str(hint)
+            hint = hint.replace("typing.", "").replace("collections.abc.", "")
             raise UserError(
-                f"{key}.{argument}={_show(value)} has the wrong type: {name} takes "
-                f"{argument}: {hint_name}. Change {key}.{argument}."
+                f"{given} has the wrong type: {name} takes {argument}: {hint}. Change "
+                f"{key}.{argument}."
             )
     missing = [a for a in needed if a not in node]
     if missing and not node.get("_partial_", False):
         raise UserError(f"{key}: {name} needs {missing[0]}. Add +{key}.{missing[0]}=<value>.")
-    if node.get("_recursive_", True):
-        for argument, child in node.items():
-            if argument not in HYDRA_KEYS:
-                check_arguments(child, f"{key}.{argument}")
 
 
-def locate(path: Any, key: str) -> Any:
+def locate(path: str, key: str) -> Any:
     """What `_target_` names (`torch.optim.AdamW`); a UserError if it names nothing."""
-    if not isinstance(path, str):
-        return path
     module_name, _, attribute = path.rpartition(".")
     try:
         module = importlib.import_module(module_name)
@@ -192,14 +197,3 @@ def _has_type(value: Any, hint: Any) -> bool:
     if (origin or hint) in (list, tuple, Sequence):
         return isinstance(value, list | tuple)
     return True
-
-
-def _show(value: Any) -> str:
-    """A value as it would be written on the command line."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, list | tuple):
-        return f"[{', '.join(_show(v) for v in value)}]"
-    return str(value)
