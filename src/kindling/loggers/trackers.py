@@ -31,10 +31,17 @@ def start(
     if len(keys) != len(built):  # fast_dev_run: Lightning holds one DummyLogger instead
         keys = ["logger"] * len(built)
     for key, logger in zip(keys, built, strict=True):
-        with starting(key):  # Lightning calls loggers on rank 0 only
+        try:  # Lightning calls loggers on rank 0 only
             logger.log_hyperparams(hparams)
             if isinstance(logger, MLFlowLogger):
                 tag(logger, provenance)
+        except UserError:
+            raise
+        except Exception as error:
+            raise UserError(
+                f"{key} failed before training: {first_line(error).rstrip('.')}. Fix its "
+                f"settings under {key}, or train without it: {key}=null."
+            ) from error
         tolerate_failures(logger)
 
 
@@ -47,20 +54,6 @@ def tag(logger: MLFlowLogger, record: dict[str, Any]) -> None:
         tags["mlflow.source.git.commit"] = record["git"]["commit"]
     for key, value in tags.items():
         logger.experiment.set_tag(logger.run_id, key, value)
-
-
-@contextmanager
-def starting(key: str) -> Iterator[None]:
-    """A logger's writes before training: a failure stops the run in one line naming `key`."""
-    try:
-        yield
-    except UserError:
-        raise
-    except Exception as error:
-        raise UserError(
-            f"{key} failed before training: {first_line(error).rstrip('.')}. Fix its settings "
-            f"under {key}, or train without it: {key}=null."
-        ) from error
 
 
 def tolerate_failures(logger: Logger) -> None:
@@ -101,11 +94,7 @@ def held_back_logs() -> Iterator[list[logging.LogRecord]]:
     loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
     handlers = {h for lg in loggers if isinstance(lg, logging.Logger) for h in lg.handlers}
     held: list[logging.LogRecord] = []
-
-    def hold(record: logging.LogRecord) -> bool:
-        held.append(record)
-        return False
-
+    hold = held.append  # a filter: None drops the record
     for handler in handlers:
         handler.addFilter(hold)
     try:
