@@ -25,9 +25,7 @@ class ResumableCSVLogger(CSVLogger):
     (`save_before_checkpoint`); the file is only appended to or replaced whole. A resumed run's
     hparams go to `hparams_resumed_<n>.yaml`."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._written_ahead: Row | None = None
+    _written_ahead: Row | None = None  # by the last `save_before_checkpoint`
 
     @property
     @rank_zero_experiment
