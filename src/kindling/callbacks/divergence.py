@@ -36,7 +36,7 @@ class StopOnDivergence(Callback):
             return
         self._checked_step = trainer.global_step
         loss = self._last_loss
-        if loss is None:
+        if loss is None:  # no loss yet: this rank takes part in the reduction all the same
             loss = torch.zeros((), device=trainer.strategy.root_device)
         not_finite = (~loss.detach().isfinite()).float()
         if bool(trainer.strategy.reduce(not_finite, reduce_op="sum") > 0):

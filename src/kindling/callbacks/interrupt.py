@@ -16,6 +16,8 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from kindling.internals import set_sigterm_received  # a private part of Lightning
+
 
 class CheckpointOnInterrupt(Callback):
     """On SIGTERM, Ctrl-C (or SIGUSR1 in a SLURM job) during fit, write `filename` at the end of
@@ -28,16 +30,15 @@ class CheckpointOnInterrupt(Callback):
     def __init__(self, filename: str = "last.ckpt", exit_within_s: float = 300.0):
         self.filename = filename
         self.exit_within_s = exit_within_s
-        self.saved_path: str | None = None
         self.stopped_by: signal.Signals | None = None
-        self._trainer: L.Trainer | None = None  # set while the handlers are in place
-        self._before: dict[signal.Signals, Any] = {}  # the handlers replaced, to put back
+        self._trainer: L.Trainer | None = None  # set once the handlers are in place
+        self._ctrl_c_before: Any = None  # Ctrl-C's handler, put back at the first Ctrl-C
         self._deadline: float | None = None  # of the watchdog, once a signal came
         self._held = False  # a stop held until the validation it came in ends
 
-    def _install(self, trainer: L.Trainer) -> None:
-        """Take over SIGTERM from Lightning's handler while a stage runs, Ctrl-C unless ignored,
-        and SIGUSR1 in a SLURM job."""
+    # Lightning's handler is in place while a stage runs: taken over, with Ctrl-C unless ignored
+    # and SIGUSR1 in a SLURM job. Lightning puts back every handler when the stage ends.
+    def on_sanity_check_start(self, trainer: L.Trainer, *args: Any) -> None:
         current = signal.getsignal(signal.SIGTERM)
         if current in (self._on_signal, signal.SIG_DFL, None):
             return
@@ -46,13 +47,15 @@ class CheckpointOnInterrupt(Callback):
         self._trainer, self.stopped_by, self._held = trainer, None, False
         signal.signal(signal.SIGTERM, self._on_signal)
         if signal.getsignal(signal.SIGINT) != signal.SIG_IGN:
-            self._before[signal.SIGINT] = signal.signal(signal.SIGINT, self._on_signal)
+            self._ctrl_c_before = signal.signal(signal.SIGINT, self._on_signal)
         if SLURMEnvironment.detect():
-            self._before[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, self._on_signal)
+            signal.signal(signal.SIGUSR1, self._on_signal)
+
+    on_train_start = on_validation_start = on_test_start = on_sanity_check_start
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         if signum == signal.SIGINT:
-            self._restore(signal.SIGINT)  # a second Ctrl-C raises KeyboardInterrupt at once
+            signal.signal(signal.SIGINT, self._ctrl_c_before)  # a second one raises at once
             rank_zero_info("Ctrl-C: stopping at the end of this step (Ctrl-C again stops at once).")
         elif signum == signal.SIGUSR1:
             rank_zero_info("SIGUSR1 from SLURM: checkpointing at this step's end, then requeueing.")
@@ -63,35 +66,24 @@ class CheckpointOnInterrupt(Callback):
             threading.Thread(target=self._watchdog, daemon=True).start()
 
     def _forward(self, signum: int) -> None:
-        """Send `signum` to the ranks Lightning's launcher started from this process, if any."""
-        launcher = self._trainer.strategy.launcher if self._trainer else None
-        if launcher is not None:
+        """To the ranks Lightning's launcher started from this process, if any."""
+        if (launcher := self._trainer.strategy.launcher) is not None:
             launcher.kill(signum)
 
     def _watchdog(self) -> None:
         while (deadline := self._deadline) is not None:  # None: the stage ended as it should
             if time.monotonic() >= deadline:
-                rank = self._trainer.global_rank if self._trainer else 0
+                rank, name = self._trainer.global_rank, self.stopped_by.name
                 print(
-                    f"Rank {rank} did not stop within {self.exit_within_s:g} s of "
-                    f"{self.stopped_by.name}: another rank never reached the end of its step. "
-                    "Exiting without saving; the last checkpoint written is where a resume starts.",
+                    f"Rank {rank} did not stop within {self.exit_within_s:g} s of {name}: another "
+                    "rank never reached the end of its step. Exiting without saving; the last "
+                    "checkpoint written is where a resume starts.",
                     file=sys.stderr, flush=True,
                 )  # fmt: skip
                 self._forward(signal.SIGKILL)
                 os._exit(128 + self.stopped_by)
                 return  # where os._exit is replaced (tests)
             time.sleep(min(max(deadline - time.monotonic(), 0), 1.0))
-
-    def _restore(self, *signums: signal.Signals) -> None:
-        for signum in signums or list(self._before):
-            if signum in self._before:
-                signal.signal(signum, self._before.pop(signum))
-
-    def _stop(self, trainer: L.Trainer, stop: bool) -> None:
-        from kindling.internals import set_sigterm_received  # a private part of Lightning
-
-        set_sigterm_received(trainer, stop)
 
     def _agree(self, trainer: L.Trainer, *args: Any) -> None:
         """At a moment every rank reaches together: stop them all if any was signalled."""
@@ -100,16 +92,9 @@ class CheckpointOnInterrupt(Callback):
         if self._deadline is not None:
             self._deadline = time.monotonic() + self.exit_within_s  # this rank is moving
         if trainer.strategy.reduce_boolean_decision(self.stopped_by is not None, all=False):
-            self._stop(trainer, True)
+            set_sigterm_received(trainer, True)
 
-    def on_sanity_check_start(self, trainer: L.Trainer, *args: Any) -> None:
-        self._install(trainer)
-
-    on_train_start = on_validation_start = on_test_start = on_sanity_check_start
     on_train_batch_end = on_train_epoch_end = on_test_batch_end = _agree
-
-    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._restore()
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._deadline = None  # the stage ended; the process may go on (a multirun's next job)
@@ -118,18 +103,17 @@ class CheckpointOnInterrupt(Callback):
         if trainer.state.fn != TrainerFn.FITTING:
             self._agree(trainer)
         elif trainer.received_sigterm:  # Lightning would stop after this hook: held to the end
-            self._stop(trainer, False)
+            set_sigterm_received(trainer, False)
             self._held = True
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._held:
-            self._stop(trainer, True)
+            set_sigterm_received(trainer, True)
             self._held = False
         elif trainer.state.fn == TrainerFn.FITTING:
             self._agree(trainer)
 
     def on_exception(self, trainer: L.Trainer, pl_module: Any, exception: BaseException) -> None:
-        self._restore()
         # Anything else (a second Ctrl-C, an error) may have landed mid-step: nothing is saved.
         if not isinstance(exception, SIGTERMException):
             self._deadline = None
@@ -142,21 +126,21 @@ class CheckpointOnInterrupt(Callback):
         if on_slurm := SLURMEnvironment.detect():
             from kindling.run.slurm import next_hpc_checkpoint, requeue
 
-            self.saved_path = next_hpc_checkpoint(trainer.default_root_dir)
+            path = next_hpc_checkpoint(trainer.default_root_dir)
         else:
             folder = getattr(trainer.checkpoint_callback, "dirpath", None)
             folder = str(folder or Path(trainer.default_root_dir) / "checkpoints")
             # Joined as text: Path would turn the `//` of an s3:// or memory:// URL into `/`.
-            self.saved_path = f"{folder.rstrip('/')}/{self.filename}"
-        trainer.save_checkpoint(self.saved_path)
+            path = f"{folder.rstrip('/')}/{self.filename}"
+        trainer.save_checkpoint(path)
         self._deadline = None  # saved: the run ends as it should
         if on_slurm:
             # SIGTERM comes from SLURM itself (scontrol requeue requeues; scancel does not).
             if self.stopped_by == signal.SIGUSR1 and trainer.is_global_zero:
-                requeue(self.saved_path)
+                requeue(path)
             return
         rank_zero_info(
             f"Interrupted at epoch {trainer.current_epoch}, step {trainer.global_step}. "
-            f"Checkpoint: {self.saved_path}\n"
-            f"Resume with: python train.py {shlex.quote(f'ckpt_path={self.saved_path}')}"
+            f"Checkpoint: {path}\n"
+            f"Resume with: python train.py {shlex.quote(f'ckpt_path={path}')}"
         )

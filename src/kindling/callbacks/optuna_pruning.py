@@ -1,8 +1,4 @@
-"""Report a trial's metric to Optuna after every validation; stop the run when the pruner says so.
-
-The trial is opened again from the study's storage by its number, so this works wherever Hydra
-runs it. Under DDP rank 0 alone talks to Optuna and broadcasts the decision.
-"""
+"""Report a trial's metric to Optuna after each validation; stop the run when the pruner says so."""
 
 from typing import TYPE_CHECKING, Any
 
@@ -16,9 +12,10 @@ if TYPE_CHECKING:  # Optuna loads only when a trial is opened
 
 class OptunaPruning(Callback):
     """Prune an Optuna trial by `monitor` (the sweep's `optimized_metric`), reported after each
-    validation (its step: the n-th validation) to `pruner`. Without `storage`, `study_name` and
-    `trial_number` (a run outside a sweep), nothing is reported. A pruned run stops training
-    and skips its test; the sweeper records the trial as PRUNED.
+    validation (its step: the n-th validation) to `pruner`. The trial is opened again from
+    `storage` by `study_name` and `trial_number`, wherever Hydra runs it (without them, outside a
+    sweep, nothing is reported); under DDP rank 0 alone talks to Optuna and broadcasts the
+    decision. A pruned run stops training and skips its test; the sweeper records it as PRUNED.
     """
 
     def __init__(
@@ -56,8 +53,7 @@ class OptunaPruning(Callback):
                 self.trial.report(float(value), step)
                 prune = self.trial.should_prune()
         # Every rank takes rank 0's decision: they must stop at the same validation.
-        if trainer.world_size > 1:
-            prune = trainer.strategy.broadcast(prune, src=0)
+        prune = trainer.strategy.broadcast(prune, src=0)
         if prune:
             self.pruned = True
             trainer.should_stop = True

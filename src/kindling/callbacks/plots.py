@@ -62,10 +62,11 @@ def confusion_matrix_figure(confmat: torch.Tensor) -> Figure:
 
 class RunPlots(Callback):
     """`curves_file` (learning curves of `metrics`, logged as `train/<name>`, `val/<name>`) at
-    the end of fit; `confusion_matrix_file` (PNG and CSV) after test, for a module with
-    `hparams.num_classes` (or `num_classes` here). The history travels in checkpoints and is
-    completed from metrics.csv, so a resumed run plots the whole run. Rank 0 writes the files
-    into `output_dir` (default: the trainer's folder), and to a TensorBoardLogger."""
+    the end of fit; `confusion_matrix_file` (PNG and CSV) after test, of the `preds` and
+    `targets` the test step returns (as `Classifier`'s does) over `hparams.num_classes` (or
+    `num_classes` here). The history travels in checkpoints and is completed from metrics.csv,
+    so a resumed run plots the whole run. Rank 0 writes the files into `output_dir` (default:
+    the trainer's folder), and to a TensorBoardLogger."""
 
     def __init__(
         self,
@@ -78,7 +79,6 @@ class RunPlots(Callback):
         self.output_dir, self.metrics, self.num_classes = output_dir, list(metrics), num_classes
         self.curves_file, self.confusion_matrix_file = curves_file, confusion_matrix_file
         self.history: History = defaultdict(dict)
-        self.confusion_matrix: torch.Tensor | None = None  # the last test's, on the CPU
         self._test_confmat: MulticlassConfusionMatrix | None = None
 
     # Modules log train values in their own on_train_epoch_end, which runs after this one's: an
@@ -117,35 +117,24 @@ class RunPlots(Callback):
         if figure := learning_curves_figure(self.history, self.metrics):
             self._save(trainer, figure, self.curves_file, "plots/learning_curves")
 
-    def on_test_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def on_test_batch_end(self, trainer: L.Trainer, pl_module: Any, outputs: Any, *_: Any) -> None:
         num_classes = pl_module.hparams.get("num_classes", self.num_classes)
-        self._test_confmat = None
-        if num_classes is not None:
-            self._test_confmat = MulticlassConfusionMatrix(num_classes).to(pl_module.device)
-
-    def on_test_batch_end(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, *_: Any
-    ) -> None:
-        if self._test_confmat is None:
+        if num_classes is None or not (isinstance(outputs, dict) and "preds" in outputs):
             return
-        if isinstance(outputs, dict) and "preds" in outputs and "targets" in outputs:
-            preds, targets = outputs["preds"], outputs["targets"]
-        else:  # the module's test_step returns nothing: predict again, in the run's precision
-            *inputs, targets = batch  # (images, labels) or (sequences, lengths, labels)
-            with trainer.precision_plugin.forward_context():
-                preds = pl_module(*inputs).argmax(dim=1)
-        self._test_confmat.update(preds, targets)
+        if self._test_confmat is None:
+            self._test_confmat = MulticlassConfusionMatrix(num_classes).to(pl_module.device)
+        self._test_confmat.update(outputs["preds"], outputs["targets"])
 
     def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._test_confmat is None:
             return
-        self.confusion_matrix = self._test_confmat.compute().cpu()  # every rank: it gathers
+        confmat = self._test_confmat.compute().cpu()  # on every rank: it gathers
         self._test_confmat = None
         if trainer.is_global_zero:
-            figure = confusion_matrix_figure(self.confusion_matrix)
+            figure = confusion_matrix_figure(confmat)
             path = self._save(trainer, figure, self.confusion_matrix_file, "plots/confusion_matrix")
             # Rows: true class, columns: predicted class.
-            np.savetxt(path.with_suffix(".csv"), self.confusion_matrix.numpy(), "%d", ",")
+            np.savetxt(path.with_suffix(".csv"), confmat.numpy(), "%d", ",")
 
     def _save(self, trainer: L.Trainer, figure: Figure, file_name: str, tag: str) -> Path:
         path = Path(self.output_dir or trainer.default_root_dir) / file_name

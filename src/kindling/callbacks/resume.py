@@ -11,6 +11,8 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 
+from kindling.internals import continue_training_loader, epoch_end_row  # private to Lightning
+
 
 def rng_states() -> dict[str, Any]:
     """Python, NumPy and torch generator states; "cuda" holds this process's GPU's only."""
@@ -65,8 +67,6 @@ class ResumeExactly(Callback):
                 checkpoint[key] = getattr(self, key)
         loggers = [lg for lg in trainer.loggers if hasattr(lg, "save_before_checkpoint")]
         if loggers:
-            from kindling.internals import epoch_end_row  # a private part of Lightning
-
             to_come = epoch_end_row(trainer)  # on every rank: its values may be reduced
             for logger in loggers:
                 logger.save_before_checkpoint(to_come)
@@ -82,8 +82,6 @@ class ResumeExactly(Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._loader_states:
-            from kindling.internals import continue_training_loader  # a private part of Lightning
-
             if not continue_training_loader(trainer, self._loader_states, _as_loader_takes):
                 rank_zero_info(
                     "The checkpoint's training batches were served another way (from tensors on "

@@ -12,11 +12,6 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
 
-def batch_length(batch: Any) -> int:
-    """The number of samples in a batch: the first dimension of its first tensor."""
-    return len(batch[0] if isinstance(batch, list | tuple) else batch)
-
-
 def tensor_peaks(half: float, tf32: float, fp32: float) -> dict[torch.dtype | str, float]:
     """Peaks by dtype as Lightning keys them: bf16 and fp16 (equal), TF32 matmuls, plain fp32."""
     return {torch.bfloat16: half, torch.float16: half, "tfloat32": tf32, torch.float32: fp32}
@@ -46,17 +41,26 @@ class ThroughputWithMFU(ThroughputMonitor):
     module has a `flops_per_batch`. It syncs the GPU every step: for measuring, not every run."""
 
     def __init__(self, window_size: int = 50, **kwargs: Any):
-        super().__init__(batch_size_fn=batch_length, window_size=window_size, **kwargs)
+        super().__init__(batch_size_fn=self.batch_size, window_size=window_size, **kwargs)
+
+    @staticmethod
+    def batch_size(batch: Any) -> int:
+        return len(batch[0] if isinstance(batch, list | tuple) else batch)
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)  # Lightning's peak, from its own table
-        device, dtype = trainer.strategy.root_device, compute_dtype(trainer.precision)
-        peak = peak_flops(device, dtype)
-        if peak is not None:
+        device = trainer.strategy.root_device
+        # The dtype matmuls run in, as Lightning reads it from the precision ("bf16-mixed", ...).
+        kinds = {"bf16": torch.bfloat16, "16": torch.float16, "64": torch.float64}
+        precision = trainer.precision
+        dtype = next((t for p, t in kinds.items() if precision.startswith(p)), torch.float32)
+        if dtype is torch.float32 and torch.get_float32_matmul_precision() != "highest":
+            dtype = "tfloat32"
+        name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+        if (peak := PEAK_FLOPS.get(name, {}).get(dtype)) is not None:
             from kindling.internals import set_available_flops  # a private part of Lightning
 
             set_available_flops(self, peak)
-            name = torch.cuda.get_device_name(device)
             tflops = f"{peak / 1e12:.1f} TFLOP/s"
             rank_zero_info(f"Peak of {name} at {dtype}: {tflops} (kindling's table)")
         if self.available_flops is None:
@@ -66,21 +70,6 @@ class ThroughputWithMFU(ThroughputMonitor):
         if not hasattr(pl_module, "flops_per_batch"):
             pl_module.flops_per_batch = count_flops(pl_module, batch)
             rank_zero_info(f"FLOPs per batch (forward + backward): {pl_module.flops_per_batch:.3e}")
-
-
-def compute_dtype(precision: str) -> torch.dtype:
-    """The dtype matmuls run in under a Trainer's `precision` ("bf16-mixed", "32-true", ...)."""
-    kinds = {"bf16": torch.bfloat16, "16": torch.float16, "64": torch.float64}
-    return next((dtype for p, dtype in kinds.items() if precision.startswith(p)), torch.float32)
-
-
-def peak_flops(device: torch.device, dtype: torch.dtype) -> float | None:
-    """The peak of `device` at `dtype` from `PEAK_FLOPS`; None for a card it does not list."""
-    if device.type != "cuda":
-        return None
-    if dtype is torch.float32 and torch.get_float32_matmul_precision() != "highest":
-        dtype = "tfloat32"  # as Lightning reads it
-    return PEAK_FLOPS.get(torch.cuda.get_device_name(device), {}).get(dtype)
 
 
 def count_flops(pl_module: L.LightningModule, batch: Any) -> int:

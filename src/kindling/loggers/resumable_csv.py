@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 from lightning.fabric.loggers.logger import rank_zero_experiment
-from lightning.pytorch.core.saving import save_hparams_to_yaml
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.utilities import rank_zero_only
@@ -26,9 +25,7 @@ class ResumableCSVLogger(CSVLogger):
     (`save_before_checkpoint`); the file is only appended to or replaced whole. A resumed run's
     hparams go to `hparams_resumed_<n>.yaml`."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._written_ahead: Row | None = None
+    _written_ahead: Row | None = None  # by the last `save_before_checkpoint`
 
     @property
     @rank_zero_experiment
@@ -50,10 +47,6 @@ class ResumableCSVLogger(CSVLogger):
             self.log_metrics(*to_come)
             self._written_ahead = to_come
         self.save()
-        path = self.experiment.metrics_file_path
-        if os.path.isfile(path):
-            with open(path, "rb+") as file:
-                os.fsync(file.fileno())
 
     @rank_zero_only
     def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
@@ -66,29 +59,23 @@ class ResumableCSVLogger(CSVLogger):
 
 
 class ContinuingWriter(ExperimentWriter):
-    """Lightning's writer, keeping what a resumed run continues; a rewrite of metrics.csv (a
-    resumed run's, or a new column's) replaces the file whole."""
+    """Lightning's writer, keeping what a resumed run continues; metrics.csv is synced at each
+    save, and a rewrite (a resumed run's, or a new column's) replaces it whole."""
 
     def __init__(self, log_dir: str) -> None:
         super().__init__(log_dir)
-        self.hparams_file = Path(log_dir) / self.NAME_HPARAMS_FILE
         n = 0
-        while self.hparams_file.exists():
+        while (Path(log_dir) / self.NAME_HPARAMS_FILE).exists():
             n += 1
-            self.hparams_file = Path(log_dir) / f"hparams_resumed_{n}.yaml"
-        self._continuing = False
-        self._first_save = True
+            self.NAME_HPARAMS_FILE = f"hparams_resumed_{n}.yaml"
+        self._new_run = True  # till its first save, or until it continues the file
 
     def _check_log_dir_exists(self) -> None:
         """Lightning's deletes metrics.csv here; this writer decides at its first save."""
 
-    def log_hparams(self, params: dict[str, Any]) -> None:
-        self.hparams.update(params)
-        save_hparams_to_yaml(self.hparams_file, self.hparams)
-
     def keep_rows_until(self, epoch: int, step: int) -> None:
         """Drop the rows logged after the checkpoint at (`epoch`, `step`)."""
-        self._continuing = True
+        self._new_run = False
         if os.path.isfile(self.metrics_file_path):
             keys, rows = self._read()
             self._replace(keys, [row for row in rows if _logged_until(row, epoch, step)])
@@ -99,10 +86,10 @@ class ContinuingWriter(ExperimentWriter):
         if not self.metrics:
             return
         exists = os.path.isfile(self.metrics_file_path)
-        if self._first_save and exists and not self._continuing:
+        if self._new_run and exists:
             os.remove(self.metrics_file_path)  # a new run: its own rows only
             exists = False
-        self._first_save = False
+        self._new_run = False
         keys = sorted(set(self.metrics_keys).union(*self.metrics))
         if not exists:
             self._replace(keys, self.metrics)
@@ -111,6 +98,8 @@ class ContinuingWriter(ExperimentWriter):
         else:
             with open(self.metrics_file_path, "a", newline="") as file:
                 csv.DictWriter(file, fieldnames=keys).writerows(self.metrics)
+                file.flush()
+                os.fsync(file.fileno())
         self.metrics_keys, self.metrics = keys, []
 
     def _read(self) -> tuple[list[str], list[dict[str, str]]]:
@@ -119,14 +108,12 @@ class ContinuingWriter(ExperimentWriter):
             return list(reader.fieldnames or []), list(reader)
 
     def _replace(self, keys: list[str], rows: list[dict[str, Any]]) -> None:
-        def write(file: Any) -> None:
-            text = io.TextIOWrapper(file, newline="")
-            writer = csv.DictWriter(text, fieldnames=keys)
-            writer.writeheader()
-            writer.writerows(rows)
-            text.detach()  # flushes; `file` stays open for write_atomically to sync
-
-        write_atomically(Path(self.metrics_file_path), write, durable=True)
+        text = io.StringIO()
+        writer = csv.DictWriter(text, fieldnames=keys)
+        writer.writeheader()
+        writer.writerows(rows)
+        data = text.getvalue().encode()
+        write_atomically(Path(self.metrics_file_path), lambda file: file.write(data), durable=True)
 
 
 def _logged_until(row: dict[str, str], epoch: int, step: int) -> bool:

@@ -5,8 +5,7 @@ by runs that have one (the CSV logger alone is the run's own record)."""
 
 import functools
 import logging
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 from lightning.pytorch.loggers import CSVLogger, Logger, MLFlowLogger
@@ -31,10 +30,17 @@ def start(
     if len(keys) != len(built):  # fast_dev_run: Lightning holds one DummyLogger instead
         keys = ["logger"] * len(built)
     for key, logger in zip(keys, built, strict=True):
-        with starting(key):  # Lightning calls loggers on rank 0 only
+        try:  # Lightning calls loggers on rank 0 only
             logger.log_hyperparams(hparams)
             if isinstance(logger, MLFlowLogger):
                 tag(logger, provenance)
+        except UserError:
+            raise
+        except Exception as error:
+            raise UserError(
+                f"{key} failed before training: {first_line(error).rstrip('.')}. Fix its "
+                f"settings under {key}, or train without it: {key}=null."
+            ) from error
         tolerate_failures(logger)
 
 
@@ -49,23 +55,10 @@ def tag(logger: MLFlowLogger, record: dict[str, Any]) -> None:
         logger.experiment.set_tag(logger.run_id, key, value)
 
 
-@contextmanager
-def starting(key: str) -> Iterator[None]:
-    """A logger's writes before training: a failure stops the run in one line naming `key`."""
-    try:
-        yield
-    except UserError:
-        raise
-    except Exception as error:
-        raise UserError(
-            f"{key} failed before training: {first_line(error).rstrip('.')}. Fix its settings "
-            f"under {key}, or train without it: {key}=null."
-        ) from error
-
-
 def tolerate_failures(logger: Logger) -> None:
-    """The first failure of one of `logger`'s writes is warned about in one line (the tracker's
-    own lines about it held back); the logger then does nothing more."""
+    """The first failure of one of `logger`'s writes is warned about in one line; the logger
+    then does nothing more. What any library logs during a write is held back, and let through
+    unless the write failed (the tracker's own lines about a failure are a traceback or two)."""
     if isinstance(logger, CSVLogger):
         return
     failed: list[Exception] = []
@@ -75,14 +68,22 @@ def tolerate_failures(logger: Logger) -> None:
         def write_unless_failed(*args: Any, **kwargs: Any) -> Any:
             if failed:
                 return None
+            loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
+            handlers = {h for lg in loggers if isinstance(lg, logging.Logger) for h in lg.handlers}
+            held: list[logging.LogRecord] = []
+            for handler in handlers:
+                handler.addFilter(held.append)  # a filter: None drops the record
             try:
-                with held_back_logs() as held:
-                    result = write(*args, **kwargs)
+                result = write(*args, **kwargs)
             except Exception as error:
                 failed.append(error)
+            finally:
+                for handler in handlers:
+                    handler.removeFilter(held.append)
+            if failed:
                 log.warning(
                     "%s failed and is left out for the rest of the run (training, checkpoints "
-                    "and metrics.csv go on): %s", type(logger).__name__, first_line(error),
+                    "and metrics.csv go on): %s", type(logger).__name__, first_line(failed[0]),
                 )  # fmt: skip
                 return None
             for record in held:
@@ -93,26 +94,6 @@ def tolerate_failures(logger: Logger) -> None:
 
     for name in WRITES:  # on the instance: the logger keeps its class, which Lightning looks for
         setattr(logger, name, guarded(getattr(logger, name)))
-
-
-@contextmanager
-def held_back_logs() -> Iterator[list[logging.LogRecord]]:
-    """What any library logs inside the block, held back, for the caller to re-emit."""
-    loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
-    handlers = {h for lg in loggers if isinstance(lg, logging.Logger) for h in lg.handlers}
-    held: list[logging.LogRecord] = []
-
-    def hold(record: logging.LogRecord) -> bool:
-        held.append(record)
-        return False
-
-    for handler in handlers:
-        handler.addFilter(hold)
-    try:
-        yield held
-    finally:
-        for handler in handlers:
-            handler.removeFilter(hold)
 
 
 def first_line(error: BaseException) -> str:
