@@ -11,8 +11,8 @@ with long_lived_imports():
     from omegaconf import DictConfig
 
     from kindling.config.errors import UserError
+    from kindling.run.provenance import with_checkpoint_overrides
     from kindling.run.run_folder import check_launch
-    from kindling.run.stored_overrides import with_checkpoint_overrides
     from kindling.train import run
 
 
@@ -25,7 +25,7 @@ def main(cfg: DictConfig) -> float | None:
 if __name__ == "__main__":
     skip_collections_at_exit()
     # `ckpt_path=<file>`: the run is composed with the overrides it was trained with, then the
-    # command's (kindling/run/stored_overrides.py).
+    # command's (kindling/run/provenance.py).
     sys.argv[1:] = with_checkpoint_overrides(sys.argv[1:])
     try:
         check_launch()

@@ -9,7 +9,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from kindling.run.run_folder import claim, launch_rank
+from kindling.run.run_folder import claim, launch
 
 log = logging.getLogger(__name__)
 
@@ -20,7 +20,7 @@ class MultirunReport(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         claim(config.hydra.sweep.dir)  # a SLURM job's, named by run_folder.sweep_folder
-        if launch_rank() != 0:
+        if launch()[0] != 0:
             return
         self.sweep_dir = Path(config.hydra.sweep.dir)
         # Hydra's basic sweeper raises the first failed job's error once all jobs have run, and

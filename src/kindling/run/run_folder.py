@@ -1,4 +1,5 @@
-"""Run folders: one per run, named from what every process of its launch already knows.
+"""Run folders: one per run, named from what every process of its launch already knows; resumed
+training continues in its checkpoint's folder, its record beside the first's.
 
 - By hand: date, time and a random suffix, `2026-11-23_14-35-30_3fa2c1d0`. Ranks Lightning
   starts get rank 0's folder as `hydra.run.dir=` (`hydra_ddp.py`).
@@ -13,8 +14,12 @@
 import functools
 import os
 import secrets
+import shutil
 from datetime import datetime
 from pathlib import Path
+from typing import Any
+
+from hydra.core.hydra_config import HydraConfig
 
 from kindling.config.errors import UserError
 
@@ -83,11 +88,6 @@ def check_launch() -> None:
         torchrun_name()
 
 
-def launch_rank() -> int:
-    """This process's rank in its launch: torchrun's RANK, srun's SLURM_PROCID, else 0."""
-    return launch()[0]
-
-
 def launch() -> tuple[int, int]:
     """This process's rank and the number of processes of its launch (torchrun's or srun's)."""
     env = os.environ
@@ -96,3 +96,43 @@ def launch() -> tuple[int, int]:
     if "SLURM_STEP_ID" in env:  # a task of `srun`; a batch script's own processes are lone
         return int(env.get("SLURM_PROCID", "0")), int(env.get("SLURM_STEP_NUM_TASKS", "1"))
     return 0, 1
+
+
+def run_dir(log_dir: str, task_name: str, *, _root_: Any) -> str:
+    """Hydra's run folder (`${run_dir:...}`): the checkpoint's when resuming there, else new."""
+    return str(_resume_folder(_root_) or run_folder(log_dir, task_name))
+
+
+_records: dict[Path, str] = {}  # this process's `.hydra/resumed_<stamp>` in each folder it resumes
+
+
+def hydra_subdir(stamp: str, *, _root_: Any) -> str:
+    """Where Hydra writes the config: `.hydra`, or `.hydra/resumed_<stamp>` (this process's alone)
+    when resuming in an existing folder, so the first run's config is never overwritten."""
+    folder = _resume_folder(_root_)
+    return ".hydra" if folder is None else _records.setdefault(folder, f".hydra/resumed_{stamp}")
+
+
+def _resume_folder(root: Any) -> Path | None:
+    """Resumed training (`ckpt_path`, `train=true`) goes on in its checkpoint's run folder unless
+    `resume_in_new_folder=true`."""
+    if not (root.get("ckpt_path") and root.get("train")) or root.get("resume_in_new_folder"):
+        return None
+    from kindling.run.starting_checkpoint import resume_folder
+
+    return resume_folder(root)
+
+
+def record_dir(output_dir: str | Path) -> Path:
+    """Where this run writes its record (config tree, provenance): the run folder, or its
+    `.hydra/resumed_<stamp>/` when resumed in an existing folder."""
+    subdir = HydraConfig.get().output_subdir if HydraConfig.initialized() else None
+    resumed = subdir and Path(subdir).name.startswith("resumed_")
+    return Path(output_dir) / subdir if resumed else Path(output_dir)
+
+
+def forget_refused(output_dir: str | Path) -> None:
+    """Remove a refused resume's `.hydra/resumed_<stamp>/`: the run folder is left as it was."""
+    record = record_dir(output_dir)
+    if record != Path(output_dir):
+        shutil.rmtree(record, ignore_errors=True)

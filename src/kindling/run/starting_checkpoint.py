@@ -7,12 +7,12 @@ from typing import Any
 
 import torch
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from kindling.checkpoints import read_checkpoint, without_compile_prefix
 from kindling.config.errors import UserError
 from kindling.files import is_url
-from kindling.run.stored_overrides import LENGTH, key, run_overrides
+from kindling.run.provenance import LENGTH, key, run_overrides
 
 
 def same_configuration(stored: Sequence[str], given: Sequence[str]) -> bool:
@@ -74,6 +74,21 @@ def resolve_checkpoint(
             "Give the checkpoint file with ckpt_path=<path>."
         )
     return last
+
+
+def resume_folder(root: Any) -> Path | None:
+    """The run folder of the checkpoint resumed training starts from; None for a new folder (a
+    URL's checkpoint, or one outside a run folder)."""
+    runs_dir = Path(root.paths.log_dir) / root.task_name / "runs"
+    try:
+        overrides = OmegaConf.select(root, "hydra.overrides.task")
+        checkpoint = resolve_checkpoint(root.ckpt_path, runs_dir, overrides)
+    except UserError:
+        return None  # kindling.train reports it, with the rest of the checks
+    if isinstance(checkpoint, str) or not checkpoint.is_file():
+        return None
+    run = checkpoint.parent.parent  # <run>/checkpoints/<file>.ckpt
+    return run if checkpoint.parent.name == "checkpoints" and (run / ".hydra").is_dir() else None
 
 
 def checked_checkpoint(cfg: DictConfig) -> str:
