@@ -1,7 +1,7 @@
 """kindling's Optuna sweeper, as Hydra finds it: `hydra/sweeper=optuna` (configs/hydra/sweeper).
 
 Hydra imports every module under `hydra_plugins` at start-up, so this one stays light: Optuna
-and the sweep itself (kindling.sweeps.optuna_sweep) load only when a sweep is set up.
+and the sweep itself (kindling.optuna_sweep) load only when a sweep is set up.
 """
 
 from typing import Any
@@ -12,7 +12,7 @@ from hydra.plugins.sweeper import Sweeper
 
 class OptunaSweeper(Sweeper):
     def __init__(self, **config: Any) -> None:
-        from kindling.sweeps.optuna_sweep import OptunaSweep
+        from kindling.optuna_sweep import OptunaSweep
 
         self.optuna_sweep = OptunaSweep(**config)
 
