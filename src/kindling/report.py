@@ -3,7 +3,7 @@ honestly*): `python -m kindling.report <sweep folder> [<multirun that extended i
 into the first folder `jobs.csv` (one row per job), `configurations.csv` (one row per
 configuration, its seeds and folds aggregated: mean, standard deviation and count, best first),
 `report.md` (both tables, also printed) and `report.png` (each job a point, per configuration).
-Hydra runs it at the end of every multirun (kindling.multirun_report).
+Hydra runs it at the end of every multirun (kindling.run.job_record.MultirunReport).
 """
 
 import statistics
@@ -12,10 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from kindling import cli
 from kindling.config.errors import UserError
 from kindling.files import write_atomically
-from kindling.run.job_record import JOB_FILE, RESULTS_FILE, TRIAL_FILE, read_yaml
+from kindling.run.job_record import JOB_FILE, RESULTS_FILE, TRIAL_FILE
 
 # Overrides that repeat a configuration rather than change it: averaged over.
 REPEAT_KEYS = ("seed", "data.fold")
@@ -45,6 +47,10 @@ class Report:
 def key(override: str) -> str:
     """`model.optimizer.lr` of `model.optimizer.lr=0.01` (also of `+key=...`, `~key`)."""
     return override.split("=", 1)[0].lstrip("+~")
+
+
+def read_yaml(path: Path) -> Any:
+    return yaml.safe_load(path.read_text()) if path.is_file() else None
 
 
 def read_job(folder: Path) -> Job:

@@ -8,7 +8,7 @@ training continues in its checkpoint's folder, its record beside the first's.
 - SLURM (also under torchrun): `slurm-<job id>[_<array task>][.<step>]`, the same in every task
   and every start of a requeued job, which so takes back its `hpc_ckpt_*.ckpt`; several runs of
   one job step take `-1`, `-2`, ... (`slurm.py`). Naming only reads; the run `claim`s its folder
-  when it starts (`kindling.train`, and a multirun's in `kindling.multirun_report`).
+  when it starts (`kindling.train`, and a multirun's in `job_record.MultirunReport`).
 """
 
 import functools
