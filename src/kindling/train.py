@@ -37,7 +37,7 @@ from kindling.data.loaders import per_device_batch_size
 from kindling.files import is_url
 from kindling.hardware import best_precision
 from kindling.known_warnings import ignore_unhelpful_warnings
-from kindling.run import folder_lock, job_record, provenance, run_folder
+from kindling.run import job_record, provenance, run_folder
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ def run(cfg: DictConfig) -> float | None:
         wandb = sys.modules.get("wandb")  # finished: the next job of a multirun starts its own
         if wandb is not None and wandb.run is not None:
             wandb.finish()
-        folder_lock.release(cfg.paths.output_dir)
+        run_folder.release(cfg.paths.output_dir)
         if previous_handler is not None:
             signal.signal(signal.SIGTERM, previous_handler)
 
@@ -235,7 +235,7 @@ def decide_device_defaults(trainer: DictConfig, datamodule: L.LightningDataModul
 
 def _check(cfg: DictConfig) -> str | None:
     """Fail on bad input before any work; return the checkpoint file to start from, if any."""
-    folder_lock.hold(cfg.paths.output_dir)  # first: a folder in use is refused for that alone
+    run_folder.hold(cfg.paths.output_dir)  # first: a folder in use is refused for that alone
     checks.check_model_fits_data(cfg)
     checks.check_seed(cfg.get("seed"))
     # Every object's config against its target's signature, before anything is built (the

@@ -15,15 +15,6 @@ from kindling.files import is_url
 from kindling.run.provenance import LENGTH, key, run_overrides
 
 
-def same_configuration(stored: Sequence[str], given: Sequence[str]) -> bool:
-    """The same overrides, in any order, but for the training's length."""
-
-    def configuration(overrides: Sequence[str]) -> list[str]:
-        return sorted(o for o in run_overrides(overrides) if key(o) not in LENGTH)
-
-    return configuration(stored) == configuration(given)
-
-
 def of_checkpoint(path: str | Path) -> list[str] | None:
     """The overrides stored in the checkpoint; None when it holds none or cannot be read (the
     run's checks say why)."""
@@ -34,18 +25,32 @@ def of_checkpoint(path: str | Path) -> list[str] | None:
     return list(overrides) if isinstance(overrides, list) else None
 
 
-def find_last_checkpoint(
-    runs_dir: str | Path, overrides: Sequence[str] | None = None
-) -> Path | None:
-    """The newest `checkpoints/last.ckpt` under `runs_dir` of a run configured with `overrides`
-    (any when None; a checkpoint that stores none counts), or None."""
-    candidates = sorted(Path(runs_dir).glob("*/checkpoints/last.ckpt"), key=_modified)
-    if overrides is None or not candidates:
-        return candidates[-1] if candidates else None
+def resolve_checkpoint(
+    ckpt_path: str | None, runs_dir: str | Path, overrides: Sequence[str] | None = None
+) -> Path | str | None:
+    """`ckpt_path` as a file; a URL (`s3://...`) stays a string. `last`: the newest
+    `checkpoints/last.ckpt` under `runs_dir` of a run configured with `overrides` (any when None;
+    a checkpoint that stores none counts)."""
+    if ckpt_path != "last":
+        return ckpt_path if ckpt_path is None or is_url(ckpt_path) else Path(ckpt_path)
+    candidates = sorted(
+        Path(runs_dir).glob("*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime
+    )
+    if not candidates:
+        raise UserError(
+            f"ckpt_path=last: no run under {runs_dir} has a checkpoints/last.ckpt. "
+            "Give the checkpoint file with ckpt_path=<path>."
+        )
+    if overrides is None:
+        return candidates[-1]
+
+    def configuration(overrides: Sequence[str]) -> list[str]:  # in any order, but the length
+        return sorted(o for o in run_overrides(overrides) if key(o) not in LENGTH)
+
     others = []
     for last in reversed(candidates):
         stored = of_checkpoint(last)
-        if stored is None or same_configuration(stored, overrides):
+        if stored is None or configuration(stored) == configuration(overrides):
             return last
         others.append(f"{last.parent.parent} ({' '.join(stored) or 'no overrides'})")
     shown = "; ".join(others[:3]) + ("; ..." if len(others) > 3 else "")
@@ -55,25 +60,6 @@ def find_last_checkpoint(
         f"Runs, newest first: {shown}. Resume one with ckpt_path=<run>/checkpoints/last.ckpt "
         "(its overrides come with it)."
     )
-
-
-def _modified(path: Path) -> float:
-    return path.stat().st_mtime
-
-
-def resolve_checkpoint(
-    ckpt_path: str | None, runs_dir: str | Path, overrides: Sequence[str] | None = None
-) -> Path | str | None:
-    """`ckpt_path` as a file (`last`: `find_last_checkpoint`); a URL (`s3://...`) stays a string."""
-    if ckpt_path != "last":
-        return ckpt_path if ckpt_path is None or is_url(ckpt_path) else Path(ckpt_path)
-    last = find_last_checkpoint(runs_dir, overrides)
-    if last is None:
-        raise UserError(
-            f"ckpt_path=last: no run under {runs_dir} has a checkpoints/last.ckpt. "
-            "Give the checkpoint file with ckpt_path=<path>."
-        )
-    return last
 
 
 def resume_folder(root: Any) -> Path | None:
