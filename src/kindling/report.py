@@ -56,16 +56,12 @@ def read_yaml(path: Path) -> Any:
 def read_job(folder: Path) -> Job:
     """A job as its folder records it, whether it completed, failed or was cut off."""
     record = read_yaml(folder / JOB_FILE) or {}
-    results = read_yaml(folder / RESULTS_FILE) or {}
-    trial = read_yaml(folder / TRIAL_FILE)
-    if trial is not None:  # the sweeper's verdict: a pruned trial's run ends like any other
-        status = TRIAL_STATUS.get(trial.get("state"), "interrupted")
-    elif record.get("status") in ("completed", "failed"):
-        status = record["status"]
-    else:  # results without a job record: a job of an older multirun
-        status = "completed" if results and not record else "interrupted"
+    trial = read_yaml(folder / TRIAL_FILE)  # the sweeper's verdict: a pruned run ends as any other
+    status = TRIAL_STATUS.get(trial.get("state")) if trial else record.get("status")
+    if status not in ("completed", "failed", "pruned"):  # started and never ended
+        status = "interrupted"
     overrides = read_yaml(folder / ".hydra" / "overrides.yaml") or []
-    metrics = {name: float(value) for name, value in results.items()}
+    metrics = read_yaml(folder / RESULTS_FILE) or {}
     return Job(folder, overrides, status, metrics, record.get("run_time_s"))
 
 

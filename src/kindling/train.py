@@ -216,9 +216,11 @@ def build_trainer(
     callbacks.sort(key=lambda callback: isinstance(callback, CheckpointOnInterrupt))
     trainer = build(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False)
     if trainer.world_size > 1 and HydraConfig.initialized():
-        from kindling.run import hydra_ddp  # Lightning starts the extra ranks: as runs of this job
+        # Lightning starts the extra ranks: as runs of this job (a private part of Lightning).
+        from kindling.internals import install_hydra_rank_command
+        from kindling.run.hydra_ddp import child_rank_command
 
-        hydra_ddp.install()
+        install_hydra_rank_command(child_rank_command)
     return trainer
 
 
