@@ -130,9 +130,8 @@ class OptunaSweep:
 
     def _record(self, study: optuna.Study, trial: optuna.Trial, job: JobReturn) -> None:
         """Tell the study how the trial's job ended, and write it into the run folder."""
-        run_dir = job.hydra_cfg.hydra.runtime.output_dir if job.hydra_cfg else None
-        if run_dir is not None:
-            trial.set_user_attr(RUN_DIR, run_dir)
+        run_dir = job.hydra_cfg.hydra.runtime.output_dir
+        trial.set_user_attr(RUN_DIR, run_dir)
         metric = self.config.get("optimized_metric")
         # The run's own attributes: OptunaPruning, in this or another process, marks pruning.
         pruned_at = study.get_trials(deepcopy=False)[trial.number].user_attrs.get(PRUNED_AT)
@@ -154,9 +153,8 @@ class OptunaSweep:
             trial.set_user_attr(ERROR, error)
             self._tell(study, trial, TrialState.FAIL)
             log.warning("Trial %d failed: %s", trial.number, error)
-        if run_dir is not None:
-            frozen = study.get_trials(deepcopy=False)[trial.number]
-            write_yaml(Path(run_dir) / TRIAL_FILE, trial_summary(frozen))
+        frozen = study.get_trials(deepcopy=False)[trial.number]
+        write_yaml(Path(run_dir) / TRIAL_FILE, trial_summary(frozen))
 
     def _tell(
         self, study: optuna.Study, trial: optuna.Trial, state: TrialState | None, value=None
