@@ -26,6 +26,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override, Transformer
 from hydra.core.plugins import Plugins
 from hydra.core.utils import JobReturn, JobStatus
+from hydra.errors import CompactHydraException
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 from optuna.distributions import (
@@ -40,7 +41,6 @@ from optuna.storages import BaseStorage, JournalStorage, get_storage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import FrozenTrial, TrialState
 
-from kindling.config.errors import UserError
 from kindling.run.job_record import TRIAL_FILE, write_yaml
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ class OptunaSweep:
 
     def __post_init__(self) -> None:
         if self.storage is None:
-            raise UserError(
+            raise CompactHydraException(
                 "hydra.sweeper.storage=null: a sweep needs a storage that its trials can open "
                 "(a journal file path or an Optuna storage URL)."
             )
@@ -212,7 +212,7 @@ def to_distribution(override: Override) -> BaseDistribution:
     if override.is_range_sweep():
         numbers = list(override.sweep_iterator())
         if not numbers:
-            raise UserError(f"{override.input_line}: the range is empty.")
+            raise CompactHydraException(f"{override.input_line}: the range is empty.")
         if all(isinstance(x, int) for x in numbers):
             return IntDistribution(numbers[0], numbers[-1], step=int(value.step))
         return CategoricalDistribution(numbers)
@@ -221,7 +221,7 @@ def to_distribution(override: Override) -> BaseDistribution:
         if isinstance(value.start, int) and isinstance(value.end, int):
             return IntDistribution(value.start, value.end, log=log)
         return FloatDistribution(float(value.start), float(value.end), log=log)
-    raise UserError(f"{override.input_line}: the Optuna sweeper cannot sample this sweep.")
+    raise CompactHydraException(f"{override.input_line}: the Optuna sweeper cannot sample it.")
 
 
 def open_storage(storage: str | BaseStorage) -> BaseStorage:

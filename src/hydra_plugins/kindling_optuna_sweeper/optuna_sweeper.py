@@ -6,7 +6,6 @@ and the sweep itself (kindling.optuna_sweep) load only when a sweep is set up.
 
 from typing import Any
 
-from hydra.errors import CompactHydraException
 from hydra.plugins.sweeper import Sweeper
 
 
@@ -20,9 +19,4 @@ class OptunaSweeper(Sweeper):
         self.optuna_sweep.setup(**context)
 
     def sweep(self, arguments: list[str]) -> Any:
-        from kindling.config.errors import UserError
-
-        try:
-            return self.optuna_sweep.sweep(arguments)
-        except UserError as error:  # a search space it cannot sample: Hydra prints one line
-            raise CompactHydraException(str(error)) from error
+        return self.optuna_sweep.sweep(arguments)
