@@ -28,6 +28,9 @@ from kindling.run.run_folder import claim, launch
 log = logging.getLogger(__name__)
 
 JOB_FILE, RESULTS_FILE, TRIAL_FILE = "job.yaml", "results.yaml", "trial.yaml"
+# What Lightning's DDP launcher writes into os.environ of the launching process: left set, the
+# sweep's next job would think its ranks started outside.
+_LAUNCHER_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")
 
 
 def write_yaml(path: Path, record: dict[str, Any]) -> None:
@@ -70,17 +73,18 @@ def recorded_job(run_dir: str | Path) -> Iterator[None]:
 
 @contextmanager
 def job_environment() -> Iterator[None]:
-    """Undo what a job leaves behind: its process group, and the variables Lightning's DDP
-    launcher (MASTER_PORT, LOCAL_RANK, ...) and seeding set, which would tell the next job of a
-    multirun that its ranks were started outside."""
-    saved = dict(os.environ)
+    """Undo what a DDP job leaves behind: its process group, the launcher's variables."""
+    saved = {name: os.environ.get(name) for name in _LAUNCHER_VARIABLES}
     try:
         yield
     finally:
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
-        os.environ.clear()
-        os.environ.update(saved)
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _now() -> str:
