@@ -37,7 +37,7 @@ def collect(code_dir: str | Path | None = None) -> dict[str, Any]:
     overrides = HydraConfig.get().overrides.task if HydraConfig.initialized() else None
     return {
         "command": shlex.join([sys.executable, *sys.argv]),
-        # What `ckpt_path=<this run's checkpoint>` composes again (with_checkpoint_overrides).
+        # What `ckpt_path=<this run's checkpoint>` composes again (starting_checkpoint).
         "overrides": None if overrides is None else run_overrides(overrides),
         "cwd": str(Path.cwd()),
         "host": socket.gethostname(),
@@ -109,19 +109,3 @@ def run_overrides(overrides: Sequence[str]) -> list[str]:
     """The overrides that say what a run trains: none of `NOT_STORED` (or keys inside them)."""
     inside = tuple(f"{k}{sep}" for k in NOT_STORED for sep in "./")
     return [o for o in overrides if key(o) not in NOT_STORED and not key(o).startswith(inside)]
-
-
-def with_checkpoint_overrides(args: Sequence[str]) -> list[str]:
-    """`train.py`'s arguments, with the overrides stored in the checkpoint `ckpt_path=<file>` in
-    front when the command configures nothing itself (but the length, train/test or Hydra's
-    keys, which win)."""
-    given = [a for a in args if not a.startswith("-")]
-    ckpt_path = next((a.partition("=")[2] for a in reversed(given) if key(a) == "ckpt_path"), "")
-    own = [a for a in run_overrides(given) if key(a) not in LENGTH]
-    stored = None
-    if ckpt_path not in ("", "last", "null") and not own:
-        from kindling.run.starting_checkpoint import of_checkpoint
-
-        stored = of_checkpoint(ckpt_path)
-    given_keys = {key(a) for a in given}
-    return [*(o for o in stored or () if key(o) not in given_keys), *args]

@@ -1,5 +1,5 @@
-"""The checkpoint a run starts from (`ckpt_path=`): which file `last` means, and whether it fits
-the run. Loaded only by a run given a checkpoint."""
+"""The checkpoint a run starts from (`ckpt_path=`): the overrides it brings, which file `last`
+means, and whether it fits the run. Loaded only by a run given a checkpoint."""
 
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,6 +23,20 @@ def of_checkpoint(path: str | Path) -> list[str] | None:
     except UserError:
         return None
     return list(overrides) if isinstance(overrides, list) else None
+
+
+def with_checkpoint_overrides(args: Sequence[str]) -> list[str]:
+    """`train.py`'s arguments, with the overrides stored in the checkpoint `ckpt_path=<file>` in
+    front when the command configures nothing itself (but the length, train/test or Hydra's
+    keys, which win)."""
+    given = [a for a in args if not a.startswith("-")]
+    ckpt_path = next((a.partition("=")[2] for a in reversed(given) if key(a) == "ckpt_path"), "")
+    own = [a for a in run_overrides(given) if key(a) not in LENGTH]
+    stored = None
+    if ckpt_path not in ("", "last", "null") and not own:
+        stored = of_checkpoint(ckpt_path)
+    given_keys = {key(a) for a in given}
+    return [*(o for o in stored or () if key(o) not in given_keys), *args]
 
 
 def resolve_checkpoint(
