@@ -92,8 +92,7 @@ def _now() -> str:
 
 
 class MultirunReport(Callback):
-    def __init__(self) -> None:
-        self.sweep_dir: Path | None = None
+    sweep_dir: Path | None = None  # on the launching process alone
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         claim(config.hydra.sweep.dir)  # a SLURM job's, named by run_folder.sweep_folder
