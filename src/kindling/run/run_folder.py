@@ -15,6 +15,8 @@ One run folder, one writer: two resumes of one run would interleave their epochs
 Global rank 0 holds `flock` on `<run folder>/.lock`, which the system releases however the
 process ends, and writes its name there for the refusal. Where the file system has no locks, and
 on Windows, runs go unlocked.
+
+Naming and claiming import no library: a job's script may name its folder without torch's seconds.
 """
 
 import errno
@@ -29,9 +31,6 @@ import sys
 from datetime import datetime
 from pathlib import Path
 from typing import Any
-
-from hydra.core.hydra_config import HydraConfig
-from lightning.pytorch.utilities import rank_zero_only
 
 from kindling.config.errors import UserError
 
@@ -82,6 +81,8 @@ _held: dict[Path, int] = {}  # the lock's file descriptor of each folder this pr
 
 def hold(folder: str | Path) -> None:
     """Claim `folder` (a SLURM run's) and lock it until `release`; refuse one a live run holds."""
+    from lightning.pytorch.utilities import rank_zero_only
+
     claim(folder)
     folder = Path(folder).resolve()
     # Global rank 0: the launching process, or rank 0 of torchrun or srun (NODE_RANK: the first
@@ -185,6 +186,8 @@ def _resume_folder(root: Any) -> Path | None:
 def record_dir(output_dir: str | Path) -> Path:
     """Where this run writes its record (config tree, provenance): the run folder, or its
     `.hydra/resumed_<stamp>/` when resumed in an existing folder."""
+    from hydra.core.hydra_config import HydraConfig
+
     subdir = HydraConfig.get().output_subdir if HydraConfig.initialized() else None
     resumed = subdir and Path(subdir).name.startswith("resumed_")
     return Path(output_dir) / subdir if resumed else Path(output_dir)
