@@ -12,7 +12,6 @@ with long_lived_imports():
 
     from kindling.config.errors import UserError
     from kindling.run.run_folder import check_launch
-    from kindling.run.stored_overrides import with_checkpoint_overrides
     from kindling.train import run
 
 
@@ -25,8 +24,11 @@ def main(cfg: DictConfig) -> float | None:
 if __name__ == "__main__":
     skip_collections_at_exit()
     # `ckpt_path=<file>`: the run is composed with the overrides it was trained with, then the
-    # command's (kindling/run/stored_overrides.py).
-    sys.argv[1:] = with_checkpoint_overrides(sys.argv[1:])
+    # command's (kindling/run/starting_checkpoint.py).
+    if any("ckpt_path=" in arg for arg in sys.argv[1:]):
+        from kindling.run.starting_checkpoint import with_checkpoint_overrides
+
+        sys.argv[1:] = with_checkpoint_overrides(sys.argv[1:])
     try:
         check_launch()
     except UserError as error:

@@ -101,7 +101,7 @@ def run_sweep(name: str, overrides: list[str], args: argparse.Namespace, work: P
 def study_outcome(work: Path, name: str) -> dict:
     import optuna
 
-    from kindling.sweeps.study import open_storage
+    from kindling.optuna_sweep import open_storage
 
     journal = work / name / "train" / "sweeps" / "bench" / "journal.log"
     study = optuna.load_study(study_name="bench", storage=open_storage(str(journal)))

@@ -16,7 +16,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import OmegaConf
 
 from kindling.config.errors import UserError
-from kindling.run import folder_lock, run_folder
+from kindling.run import run_folder
 from kindling.train import run
 
 from helpers import CONFIG_DIR, PYTHON, QUIET, copy_run, error_lines, start_train_py, train_py
@@ -226,8 +226,8 @@ def test_runs_and_multiruns_started_together_get_complete_folders_of_their_own(
 def hold_in_another_process(folder: Path) -> subprocess.Popen:
     """A process that holds `folder`'s lock until it is killed."""
     holder = subprocess.Popen(
-        [*PYTHON, "-c", "import sys, time; from kindling.run import folder_lock; "
-         "folder_lock.hold(sys.argv[1]); print('held', flush=True); time.sleep(600)", str(folder)],
+        [*PYTHON, "-c", "import sys, time; from kindling.run import run_folder; "
+         "run_folder.hold(sys.argv[1]); print('held', flush=True); time.sleep(600)", str(folder)],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     assert holder.stdout.readline() == "held\n"
@@ -240,19 +240,19 @@ def test_a_folder_held_by_a_live_process_is_refused_and_free_once_it_is_killed(
     holder = hold_in_another_process(tmp_path)
     try:
         with pytest.raises(UserError, match=rf"{tmp_path} is in use by process {holder.pid} on "):
-            folder_lock.hold(tmp_path)
+            run_folder.hold(tmp_path)
         # The other ranks of the holder's own job share its folder: they take no lock.
         monkeypatch.setattr(rank_zero_only, "rank", 1)
-        folder_lock.hold(tmp_path)
+        run_folder.hold(tmp_path)
         monkeypatch.undo()
         monkeypatch.setenv("NODE_RANK", "1")  # the first process of a second node
-        folder_lock.hold(tmp_path)
+        run_folder.hold(tmp_path)
         monkeypatch.undo()
     finally:
         holder.kill()  # SIGKILL: no chance to clean up
         holder.wait()
-    folder_lock.hold(tmp_path)  # the operating system released the lock of the killed process
-    folder_lock.release(tmp_path)
+    run_folder.hold(tmp_path)  # the operating system released the lock of the killed process
+    run_folder.release(tmp_path)
 
 
 @pytest.mark.slow

@@ -16,8 +16,8 @@ import yaml
 from optuna.trial import TrialState
 
 import kindling.train
+from kindling.optuna_sweep import open_storage
 from kindling.report import MARKDOWN
-from kindling.sweeps.study import open_storage
 
 from helpers import PYTHON, QUIET, ROOT, start_train_py
 from slurm_cluster import Cluster

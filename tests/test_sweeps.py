@@ -24,8 +24,12 @@ from torch.utils.data import DataLoader
 
 from hydra_plugins.kindling_optuna_sweeper.optuna_sweeper import OptunaSweeper
 from kindling.callbacks.optuna_pruning import OptunaPruning
-from kindling.sweeps.search_space import parse_search_space
-from kindling.sweeps.study import counted_trials, fail_interrupted_trials, open_storage
+from kindling.optuna_sweep import (
+    counted_trials,
+    fail_interrupted_trials,
+    open_storage,
+    parse_search_space,
+)
 
 from helpers import PYTHON, ROOT, train_py
 

@@ -3,7 +3,7 @@ honestly*): `python -m kindling.report <sweep folder> [<multirun that extended i
 into the first folder `jobs.csv` (one row per job), `configurations.csv` (one row per
 configuration, its seeds and folds aggregated: mean, standard deviation and count, best first),
 `report.md` (both tables, also printed) and `report.png` (each job a point, per configuration).
-Hydra runs it at the end of every multirun (kindling.multirun_report).
+Hydra runs it at the end of every multirun (kindling.run.job_record.MultirunReport).
 """
 
 import statistics
@@ -12,10 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from kindling import cli
 from kindling.config.errors import UserError
 from kindling.files import write_atomically
-from kindling.run.job_record import JOB_FILE, RESULTS_FILE, TRIAL_FILE, read_yaml
+from kindling.run.job_record import JOB_FILE, RESULTS_FILE, TRIAL_FILE
 
 # Overrides that repeat a configuration rather than change it: averaged over.
 REPEAT_KEYS = ("seed", "data.fold")
@@ -47,19 +49,19 @@ def key(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~")
 
 
+def read_yaml(path: Path) -> Any:
+    return yaml.safe_load(path.read_text()) if path.is_file() else None
+
+
 def read_job(folder: Path) -> Job:
     """A job as its folder records it, whether it completed, failed or was cut off."""
     record = read_yaml(folder / JOB_FILE) or {}
-    results = read_yaml(folder / RESULTS_FILE) or {}
-    trial = read_yaml(folder / TRIAL_FILE)
-    if trial is not None:  # the sweeper's verdict: a pruned trial's run ends like any other
-        status = TRIAL_STATUS.get(trial.get("state"), "interrupted")
-    elif record.get("status") in ("completed", "failed"):
-        status = record["status"]
-    else:  # results without a job record: a job of an older multirun
-        status = "completed" if results and not record else "interrupted"
+    trial = read_yaml(folder / TRIAL_FILE)  # the sweeper's verdict: a pruned run ends as any other
+    status = TRIAL_STATUS.get(trial.get("state")) if trial else record.get("status")
+    if status not in ("completed", "failed", "pruned"):  # started and never ended
+        status = "interrupted"
     overrides = read_yaml(folder / ".hydra" / "overrides.yaml") or []
-    metrics = {name: float(value) for name, value in results.items()}
+    metrics = read_yaml(folder / RESULTS_FILE) or {}
     return Job(folder, overrides, status, metrics, record.get("run_time_s"))
 
 

@@ -37,7 +37,7 @@ from kindling.data.loaders import per_device_batch_size
 from kindling.files import is_url
 from kindling.hardware import best_precision
 from kindling.known_warnings import ignore_unhelpful_warnings
-from kindling.run import folder_lock, job_record, provenance, resumed, run_folder
+from kindling.run import job_record, provenance, run_folder
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +45,8 @@ log = logging.getLogger(__name__)
 # like Hydra's own `now`; resumed training continues in its checkpoint's run folder.
 OmegaConf.register_new_resolver("run_stamp", run_folder.run_stamp, use_cache=True, replace=True)
 OmegaConf.register_new_resolver("sweep_dir", run_folder.sweep_folder, use_cache=True, replace=True)
-OmegaConf.register_new_resolver("run_dir", resumed.run_dir, replace=True)
-OmegaConf.register_new_resolver("hydra_subdir", resumed.hydra_subdir, replace=True)
+OmegaConf.register_new_resolver("run_dir", run_folder.run_dir, replace=True)
+OmegaConf.register_new_resolver("hydra_subdir", run_folder.hydra_subdir, replace=True)
 
 
 class JobError(UserError, CompactHydraException):
@@ -89,7 +89,7 @@ def run(cfg: DictConfig) -> float | None:
         wandb = sys.modules.get("wandb")  # finished: the next job of a multirun starts its own
         if wandb is not None and wandb.run is not None:
             wandb.finish()
-        folder_lock.release(cfg.paths.output_dir)
+        run_folder.release(cfg.paths.output_dir)
         if previous_handler is not None:
             signal.signal(signal.SIGTERM, previous_handler)
 
@@ -112,7 +112,7 @@ def train_and_test(cfg: DictConfig) -> float | None:
     augment_images_only(cfg.data)
     try:  # a refused resume leaves its run folder as it was
         checkpoint = _check(cfg)
-        record_dir = resumed.record_dir(cfg.paths.output_dir)  # a resumed run keeps the first's
+        record_dir = run_folder.record_dir(cfg.paths.output_dir)  # a resumed run keeps the first's
         print_config_tree(cfg, save_dir=record_dir, to_console=cfg.get("print_config", False))
         run_provenance = provenance.collect()
         provenance.save(run_provenance, record_dir)
@@ -130,7 +130,7 @@ def train_and_test(cfg: DictConfig) -> float | None:
 
             check_weights_fit(checkpoint, model)
     except UserError:
-        resumed.forget_refused(cfg.paths.output_dir)
+        run_folder.forget_refused(cfg.paths.output_dir)
         raise
     trainer = build_trainer(cfg, run_provenance, datamodule=datamodule)
 
@@ -216,15 +216,17 @@ def build_trainer(
     callbacks.sort(key=lambda callback: isinstance(callback, CheckpointOnInterrupt))
     trainer = build(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False)
     if trainer.world_size > 1 and HydraConfig.initialized():
-        from kindling.run import hydra_ddp  # Lightning starts the extra ranks: as runs of this job
+        # Lightning starts the extra ranks: as runs of this job (a private part of Lightning).
+        from kindling.internals import install_hydra_rank_command
+        from kindling.run.hydra_ddp import child_rank_command
 
-        hydra_ddp.install()
+        install_hydra_rank_command(child_rank_command)
     return trainer
 
 
 def _check(cfg: DictConfig) -> str | None:
     """Fail on bad input before any work; return the checkpoint file to start from, if any."""
-    folder_lock.hold(cfg.paths.output_dir)  # first: a folder in use is refused for that alone
+    run_folder.hold(cfg.paths.output_dir)  # first: a folder in use is refused for that alone
     checks.check_model_fits_data(cfg)
     checks.check_seed(cfg.get("seed"))
     # Every object's config against its target's signature, before anything is built (the

@@ -1,18 +1,17 @@
 """kindling's Optuna sweeper, as Hydra finds it: `hydra/sweeper=optuna` (configs/hydra/sweeper).
 
 Hydra imports every module under `hydra_plugins` at start-up, so this one stays light: Optuna
-and the sweep itself (kindling.sweeps.optuna_sweep) load only when a sweep is set up.
+and the sweep itself (kindling.optuna_sweep) load only when a sweep is set up.
 """
 
 from typing import Any
 
-from hydra.errors import CompactHydraException
 from hydra.plugins.sweeper import Sweeper
 
 
 class OptunaSweeper(Sweeper):
     def __init__(self, **config: Any) -> None:
-        from kindling.sweeps.optuna_sweep import OptunaSweep
+        from kindling.optuna_sweep import OptunaSweep
 
         self.optuna_sweep = OptunaSweep(**config)
 
@@ -20,9 +19,4 @@ class OptunaSweeper(Sweeper):
         self.optuna_sweep.setup(**context)
 
     def sweep(self, arguments: list[str]) -> Any:
-        from kindling.config.errors import UserError
-
-        try:
-            return self.optuna_sweep.sweep(arguments)
-        except UserError as error:  # a search space it cannot sample: Hydra prints one line
-            raise CompactHydraException(str(error)) from error
+        return self.optuna_sweep.sweep(arguments)

@@ -35,7 +35,7 @@ class OptunaPruning(Callback):
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         located = None not in (self.storage, self.study_name, self.trial_number)
         if trainer.is_global_zero and located:
-            from kindling.sweeps.study import load_trial
+            from kindling.optuna_sweep import load_trial
 
             self.trial = load_trial(self.storage, self.study_name, self.trial_number, self.pruner)
 

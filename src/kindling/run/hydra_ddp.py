@@ -1,6 +1,7 @@
 """Make Lightning's DDP launcher and Hydra agree: one run folder per job, every job run once.
 Lightning starts ranks 1..N-1 by running the entry script again with `sys.argv`: under a
-multirun each would run the whole sweep, in folders of its own. Loaded by multi-device runs."""
+multirun each would run the whole sweep, in folders of its own. Loaded by multi-device runs,
+which hand `child_rank_command` to Lightning's launchers (kindling.internals)."""
 
 import sys
 from collections.abc import Sequence
@@ -27,10 +28,3 @@ def child_rank_command(local_rank: int) -> tuple[Sequence[str], str]:
         # Config folders added with hydra.searchpath: the same config as rank 0's.
         *(o for o in hydra_cfg.overrides.hydra if o.startswith("hydra.searchpath=")),
     ], get_original_cwd()
-
-
-def install() -> None:
-    """Use `child_rank_command` in Lightning's launchers (Trainer and Fabric), checked first."""
-    from kindling.internals import install_hydra_rank_command  # a private part of Lightning
-
-    install_hydra_rank_command(child_rank_command)

@@ -1,7 +1,11 @@
 """What each run leaves in its folder for the report of a multirun (`kindling.report`): its last
 metrics (`results.yaml`), how a multirun's job ended (`job.yaml`), an Optuna trial (`trial.yaml`,
-which knows a pruned one); and the clean process a multirun's next job starts in."""
+which knows a pruned one); the clean process a multirun's next job starts in; and the Hydra
+callback of every multirun, which takes the sweep folder when the multirun starts and reports the
+multirun when it ends or is cut off."""
 
+import atexit
+import logging
 import os
 import time
 from collections.abc import Iterator
@@ -13,19 +17,20 @@ from typing import Any
 import torch.distributed
 import yaml
 from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from lightning.pytorch.utilities import rank_zero_only
+from omegaconf import DictConfig
 
 from kindling.files import write_atomically
+from kindling.run.run_folder import claim, launch
+
+log = logging.getLogger(__name__)
 
 JOB_FILE, RESULTS_FILE, TRIAL_FILE = "job.yaml", "results.yaml", "trial.yaml"
 # What Lightning's DDP launcher writes into os.environ of the launching process: left set, the
 # sweep's next job would think its ranks started outside.
 _LAUNCHER_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")
-
-
-def read_yaml(path: Path) -> Any:
-    return yaml.safe_load(path.read_text()) if path.is_file() else None
 
 
 def write_yaml(path: Path, record: dict[str, Any]) -> None:
@@ -84,3 +89,30 @@ def job_environment() -> Iterator[None]:
 
 def _now() -> str:
     return datetime.now().isoformat(timespec="milliseconds")
+
+
+class MultirunReport(Callback):
+    sweep_dir: Path | None = None  # on the launching process alone
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        claim(config.hydra.sweep.dir)  # a SLURM job's, named by run_folder.sweep_folder
+        if launch()[0] != 0:
+            return
+        self.sweep_dir = Path(config.hydra.sweep.dir)
+        # Hydra's basic sweeper raises the first failed job's error once all jobs have run, and
+        # then skips on_multirun_end: such a multirun (or one stopped by Ctrl-C) reports at exit.
+        atexit.register(self.report)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        atexit.unregister(self.report)
+        self.report()
+
+    def report(self) -> None:
+        if self.sweep_dir is None or not any(self.sweep_dir.glob("*/.hydra")):
+            return  # no job started (SLURM refused them, say): nothing to report
+        from kindling.report import write_report  # matplotlib and the tables: multiruns only
+
+        try:
+            print(write_report(self.sweep_dir), flush=True)
+        except Exception as error:  # the jobs' own results are in their folders whatever happens
+            log.warning("No report of the multirun in %s: %s", self.sweep_dir, error)

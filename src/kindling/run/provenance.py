@@ -1,12 +1,15 @@
 """What produced a run (command line, Hydra overrides, git commit, library versions): in the run
 folder (`provenance.yaml`, and `git.diff` when the tree was dirty), in every checkpoint, and to
-the loggers."""
+the loggers. The overrides say what the run trains: `python train.py ckpt_path=<file>` without a
+configuration of its own composes them again, and `ckpt_path=last` takes the newest run whose
+overrides are the command's (`starting_checkpoint`)."""
 
 import platform
 import shlex
 import socket
 import subprocess
 import sys
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -19,11 +22,14 @@ from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch.utilities import rank_zero_only
 
 import kindling
-from kindling.run.stored_overrides import run_overrides
 
 PROVENANCE_FILE = "provenance.yaml"
 DIFF_FILE = "git.diff"
 NO_GIT = "no git"
+# What the command does and where it resumes from, how Hydra runs it, a search: not what the run
+# trains. `train=false ckpt_path=<file>` tests with the run's own data.
+NOT_STORED = ("ckpt_path", "resume_in_new_folder", "train", "test", "hydra", "hparams_search")
+LENGTH = ("trainer.max_epochs", "trainer.max_steps")  # a resume may change them
 
 
 def collect(code_dir: str | Path | None = None) -> dict[str, Any]:
@@ -31,7 +37,7 @@ def collect(code_dir: str | Path | None = None) -> dict[str, Any]:
     overrides = HydraConfig.get().overrides.task if HydraConfig.initialized() else None
     return {
         "command": shlex.join([sys.executable, *sys.argv]),
-        # What `ckpt_path=<this run's checkpoint>` composes again (kindling.run.stored_overrides).
+        # What `ckpt_path=<this run's checkpoint>` composes again (starting_checkpoint).
         "overrides": None if overrides is None else run_overrides(overrides),
         "cwd": str(Path.cwd()),
         "host": socket.gethostname(),
@@ -92,3 +98,14 @@ def save(record: dict[str, Any], folder: str | Path) -> None:
     (folder / PROVENANCE_FILE).write_text(text)
     if record["git"]["diff"] is not None:
         (folder / DIFF_FILE).write_text(record["git"]["diff"])
+
+
+def key(override: str) -> str:
+    """`+model.x=1` -> `model.x`; `data=mnist` -> `data`; `~callbacks.ema` -> `callbacks.ema`."""
+    return override.partition("=")[0].lstrip("+~")
+
+
+def run_overrides(overrides: Sequence[str]) -> list[str]:
+    """The overrides that say what a run trains: none of `NOT_STORED` (or keys inside them)."""
+    inside = tuple(f"{k}{sep}" for k in NOT_STORED for sep in "./")
+    return [o for o in overrides if key(o) not in NOT_STORED and not key(o).startswith(inside)]

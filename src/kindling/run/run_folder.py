@@ -1,4 +1,6 @@
-"""Run folders: one per run, named from what every process of its launch already knows.
+"""Run folders: one per run, named from what every process of its launch already knows, written
+by one run at a time; resumed training continues in its checkpoint's folder, its record beside
+the first's.
 
 - By hand: date, time and a random suffix, `2026-11-23_14-35-30_3fa2c1d0`. Ranks Lightning
   starts get rank 0's folder as `hydra.run.dir=` (`hydra_ddp.py`).
@@ -7,16 +9,37 @@
 - SLURM (also under torchrun): `slurm-<job id>[_<array task>][.<step>]`, the same in every task
   and every start of a requeued job, which so takes back its `hpc_ckpt_*.ckpt`; several runs of
   one job step take `-1`, `-2`, ... (`slurm.py`). Naming only reads; the run `claim`s its folder
-  when it starts (`kindling.train`, and a multirun's in `kindling.multirun_report`).
+  when it starts (`kindling.train`, and a multirun's in `job_record.MultirunReport`).
+
+One run folder, one writer: two resumes of one run would interleave their epochs in metrics.csv.
+Global rank 0 holds `flock` on `<run folder>/.lock`, which the system releases however the
+process ends, and writes its name there for the refusal. Where the file system has no locks, and
+on Windows, runs go unlocked.
+
+Naming and claiming import no library: a job's script may name its folder without torch's seconds.
 """
 
+import errno
 import functools
+import logging
 import os
 import secrets
+import shlex
+import shutil
+import socket
+import sys
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from kindling.config.errors import UserError
+
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None
+
+log = logging.getLogger(__name__)
 
 
 def run_stamp() -> str:
@@ -53,6 +76,48 @@ def claim(folder: str | Path) -> None:
         slurm.claim(folder)
 
 
+_held: dict[Path, int] = {}  # the lock's file descriptor of each folder this process holds
+
+
+def hold(folder: str | Path) -> None:
+    """Claim `folder` (a SLURM run's) and lock it until `release`; refuse one a live run holds."""
+    from lightning.pytorch.utilities import rank_zero_only
+
+    claim(folder)
+    folder = Path(folder).resolve()
+    # Global rank 0: the launching process, or rank 0 of torchrun or srun (NODE_RANK: the first
+    # process of each node of a Lightning launch over several).
+    launching = rank_zero_only.rank == 0 and os.environ.get("NODE_RANK", "0") == "0"
+    if fcntl is None or folder in _held or not launching:
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as error:
+        holder = os.pread(fd, 4096, 0).decode(errors="replace").strip()
+        os.close(fd)
+        if error.errno in (errno.EAGAIN, errno.EACCES):
+            raise UserError(
+                f"{folder} is in use by {holder or 'another process'}: one run folder has one "
+                "writer. Wait for that run to end, or stop it; resume_in_new_folder=true goes on "
+                "from the same checkpoint in a new folder."
+            ) from None
+        log.warning("Runs in %s go unlocked: its file system refused a lock (%s).", folder, error)
+        return
+    os.ftruncate(fd, 0)
+    command = shlex.join([os.path.basename(sys.executable), *sys.argv])
+    os.write(fd, f"process {os.getpid()} on {socket.gethostname()} ({command})".encode())
+    _held[folder] = fd
+
+
+def release(folder: str | Path) -> None:
+    """Let the next run write `folder` (a multirun's next job runs in the same process)."""
+    fd = _held.pop(Path(folder).resolve(), None)
+    if fd is not None:
+        os.close(fd)  # closing the file releases its lock
+
+
 def slurm_name() -> str | None:
     """`slurm-<job id>[_<array task>][.<step>]` inside a SLURM job, else None."""
     job = os.environ.get("SLURM_ARRAY_JOB_ID") or os.environ.get("SLURM_JOB_ID")
@@ -83,11 +148,6 @@ def check_launch() -> None:
         torchrun_name()
 
 
-def launch_rank() -> int:
-    """This process's rank in its launch: torchrun's RANK, srun's SLURM_PROCID, else 0."""
-    return launch()[0]
-
-
 def launch() -> tuple[int, int]:
     """This process's rank and the number of processes of its launch (torchrun's or srun's)."""
     env = os.environ
@@ -96,3 +156,45 @@ def launch() -> tuple[int, int]:
     if "SLURM_STEP_ID" in env:  # a task of `srun`; a batch script's own processes are lone
         return int(env.get("SLURM_PROCID", "0")), int(env.get("SLURM_STEP_NUM_TASKS", "1"))
     return 0, 1
+
+
+def run_dir(log_dir: str, task_name: str, *, _root_: Any) -> str:
+    """Hydra's run folder (`${run_dir:...}`): the checkpoint's when resuming there, else new."""
+    return str(_resume_folder(_root_) or run_folder(log_dir, task_name))
+
+
+_records: dict[Path, str] = {}  # this process's `.hydra/resumed_<stamp>` in each folder it resumes
+
+
+def hydra_subdir(stamp: str, *, _root_: Any) -> str:
+    """Where Hydra writes the config: `.hydra`, or `.hydra/resumed_<stamp>` (this process's alone)
+    when resuming in an existing folder, so the first run's config is never overwritten."""
+    folder = _resume_folder(_root_)
+    return ".hydra" if folder is None else _records.setdefault(folder, f".hydra/resumed_{stamp}")
+
+
+def _resume_folder(root: Any) -> Path | None:
+    """Resumed training (`ckpt_path`, `train=true`) goes on in its checkpoint's run folder unless
+    `resume_in_new_folder=true`."""
+    if not (root.get("ckpt_path") and root.get("train")) or root.get("resume_in_new_folder"):
+        return None
+    from kindling.run.starting_checkpoint import resume_folder
+
+    return resume_folder(root)
+
+
+def record_dir(output_dir: str | Path) -> Path:
+    """Where this run writes its record (config tree, provenance): the run folder, or its
+    `.hydra/resumed_<stamp>/` when resumed in an existing folder."""
+    from hydra.core.hydra_config import HydraConfig
+
+    subdir = HydraConfig.get().output_subdir if HydraConfig.initialized() else None
+    resumed = subdir and Path(subdir).name.startswith("resumed_")
+    return Path(output_dir) / subdir if resumed else Path(output_dir)
+
+
+def forget_refused(output_dir: str | Path) -> None:
+    """Remove a refused resume's `.hydra/resumed_<stamp>/`: the run folder is left as it was."""
+    record = record_dir(output_dir)
+    if record != Path(output_dir):
+        shutil.rmtree(record, ignore_errors=True)

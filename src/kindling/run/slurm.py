@@ -10,8 +10,6 @@ import sys
 from contextlib import suppress
 from pathlib import Path
 
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
-
 from kindling.run.run_folder import launch
 
 OWNER_DIR = ".slurm"  # in a SLURM run folder: its command line, and who claimed it when
@@ -59,6 +57,8 @@ def next_hpc_checkpoint(run_dir: str | Path) -> str:
 
 def requeue(checkpoint: str) -> None:
     """Put this SLURM job (or array task) back in the queue."""
+    from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+
     job = os.environ["SLURM_JOB_ID"]
     if "SLURM_ARRAY_JOB_ID" in os.environ:
         job = f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"

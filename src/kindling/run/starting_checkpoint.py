@@ -1,5 +1,5 @@
-"""The checkpoint a run starts from (`ckpt_path=`): which file `last` means, and whether it fits
-the run. Loaded only by a run given a checkpoint."""
+"""The checkpoint a run starts from (`ckpt_path=`): the overrides it brings, which file `last`
+means, and whether it fits the run. Loaded only by a run given a checkpoint."""
 
 from collections.abc import Sequence
 from pathlib import Path
@@ -7,21 +7,12 @@ from typing import Any
 
 import torch
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from kindling.checkpoints import read_checkpoint, without_compile_prefix
 from kindling.config.errors import UserError
 from kindling.files import is_url
-from kindling.run.stored_overrides import LENGTH, key, run_overrides
-
-
-def same_configuration(stored: Sequence[str], given: Sequence[str]) -> bool:
-    """The same overrides, in any order, but for the training's length."""
-
-    def configuration(overrides: Sequence[str]) -> list[str]:
-        return sorted(o for o in run_overrides(overrides) if key(o) not in LENGTH)
-
-    return configuration(stored) == configuration(given)
+from kindling.run.provenance import LENGTH, key, run_overrides
 
 
 def of_checkpoint(path: str | Path) -> list[str] | None:
@@ -34,18 +25,46 @@ def of_checkpoint(path: str | Path) -> list[str] | None:
     return list(overrides) if isinstance(overrides, list) else None
 
 
-def find_last_checkpoint(
-    runs_dir: str | Path, overrides: Sequence[str] | None = None
-) -> Path | None:
-    """The newest `checkpoints/last.ckpt` under `runs_dir` of a run configured with `overrides`
-    (any when None; a checkpoint that stores none counts), or None."""
-    candidates = sorted(Path(runs_dir).glob("*/checkpoints/last.ckpt"), key=_modified)
-    if overrides is None or not candidates:
-        return candidates[-1] if candidates else None
+def with_checkpoint_overrides(args: Sequence[str]) -> list[str]:
+    """`train.py`'s arguments, with the overrides stored in the checkpoint `ckpt_path=<file>` in
+    front when the command configures nothing itself (but the length, train/test or Hydra's
+    keys, which win)."""
+    given = [a for a in args if not a.startswith("-")]
+    ckpt_path = next((a.partition("=")[2] for a in reversed(given) if key(a) == "ckpt_path"), "")
+    own = [a for a in run_overrides(given) if key(a) not in LENGTH]
+    stored = None
+    if ckpt_path not in ("", "last", "null") and not own:
+        stored = of_checkpoint(ckpt_path)
+    given_keys = {key(a) for a in given}
+    return [*(o for o in stored or () if key(o) not in given_keys), *args]
+
+
+def resolve_checkpoint(
+    ckpt_path: str | None, runs_dir: str | Path, overrides: Sequence[str] | None = None
+) -> Path | str | None:
+    """`ckpt_path` as a file; a URL (`s3://...`) stays a string. `last`: the newest
+    `checkpoints/last.ckpt` under `runs_dir` of a run configured with `overrides` (any when None;
+    a checkpoint that stores none counts)."""
+    if ckpt_path != "last":
+        return ckpt_path if ckpt_path is None or is_url(ckpt_path) else Path(ckpt_path)
+    candidates = sorted(
+        Path(runs_dir).glob("*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime
+    )
+    if not candidates:
+        raise UserError(
+            f"ckpt_path=last: no run under {runs_dir} has a checkpoints/last.ckpt. "
+            "Give the checkpoint file with ckpt_path=<path>."
+        )
+    if overrides is None:
+        return candidates[-1]
+
+    def configuration(overrides: Sequence[str]) -> list[str]:  # in any order, but the length
+        return sorted(o for o in run_overrides(overrides) if key(o) not in LENGTH)
+
     others = []
     for last in reversed(candidates):
         stored = of_checkpoint(last)
-        if stored is None or same_configuration(stored, overrides):
+        if stored is None or configuration(stored) == configuration(overrides):
             return last
         others.append(f"{last.parent.parent} ({' '.join(stored) or 'no overrides'})")
     shown = "; ".join(others[:3]) + ("; ..." if len(others) > 3 else "")
@@ -57,23 +76,19 @@ def find_last_checkpoint(
     )
 
 
-def _modified(path: Path) -> float:
-    return path.stat().st_mtime
-
-
-def resolve_checkpoint(
-    ckpt_path: str | None, runs_dir: str | Path, overrides: Sequence[str] | None = None
-) -> Path | str | None:
-    """`ckpt_path` as a file (`last`: `find_last_checkpoint`); a URL (`s3://...`) stays a string."""
-    if ckpt_path != "last":
-        return ckpt_path if ckpt_path is None or is_url(ckpt_path) else Path(ckpt_path)
-    last = find_last_checkpoint(runs_dir, overrides)
-    if last is None:
-        raise UserError(
-            f"ckpt_path=last: no run under {runs_dir} has a checkpoints/last.ckpt. "
-            "Give the checkpoint file with ckpt_path=<path>."
-        )
-    return last
+def resume_folder(root: Any) -> Path | None:
+    """The run folder of the checkpoint resumed training starts from; None for a new folder (a
+    URL's checkpoint, or one outside a run folder)."""
+    runs_dir = Path(root.paths.log_dir) / root.task_name / "runs"
+    try:
+        overrides = OmegaConf.select(root, "hydra.overrides.task")
+        checkpoint = resolve_checkpoint(root.ckpt_path, runs_dir, overrides)
+    except UserError:
+        return None  # kindling.train reports it, with the rest of the checks
+    if isinstance(checkpoint, str) or not checkpoint.is_file():
+        return None
+    run = checkpoint.parent.parent  # <run>/checkpoints/<file>.ckpt
+    return run if checkpoint.parent.name == "checkpoints" and (run / ".hydra").is_dir() else None
 
 
 def checked_checkpoint(cfg: DictConfig) -> str:

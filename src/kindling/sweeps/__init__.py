@@ -1,1 +1,0 @@
-"""Hyperparameter search with Optuna, run by Hydra (hydra_plugins.kindling_optuna_sweeper)."""
