@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from kindling.models.blocks import ConvStem, encoder, image_to_sequence, steps_per_patch
+from kindling.models.blocks import ConvStem, as_steps, encoder, steps_per_patch
 from kindling.models.cnn import CNNClassifier
 from kindling.models.recurrent import GRUClassifier, LSTMClassifier, RNNClassifier
 from kindling.models.transformer import TransformerClassifier
@@ -30,9 +30,9 @@ def test_net_gradients_reach_every_parameter(net_class: type[nn.Module]) -> None
     assert not missing
 
 
-def test_image_to_sequence_reads_one_row_per_step() -> None:
+def test_images_are_read_one_row_per_step() -> None:
     images = torch.arange(2 * 3 * 4 * 5).reshape(2, 3, 4, 5)
-    seq = image_to_sequence(images)
+    seq = as_steps(images)
     assert seq.shape == (2, 4, 15)
     # Step 1 of sample 0 is row 1 of every channel, channel after channel.
     assert torch.equal(seq[0, 1], torch.cat([images[0, c, 1] for c in range(3)]))

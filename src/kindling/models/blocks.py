@@ -7,15 +7,13 @@ import torch.nn.functional as F
 from torch import nn
 
 
-def image_to_sequence(images: torch.Tensor) -> torch.Tensor:
-    """Images `(B, C, H, W)` as sequences `(B, H, C*W)`: one time step per row."""
-    batch, channels, height, width = images.shape
-    return images.permute(0, 2, 1, 3).reshape(batch, height, channels * width)
-
-
 def as_steps(inputs: torch.Tensor) -> torch.Tensor:
-    """Images `(B, C, H, W)` read row by row, or sequences `(B, T, F)` as they are."""
-    return image_to_sequence(inputs) if inputs.dim() == 4 else inputs
+    """Images `(B, C, H, W)` as sequences `(B, H, C*W)`, one step per row; sequences `(B, T, F)`
+    as they are."""
+    if inputs.dim() != 4:
+        return inputs
+    batch, channels, height, width = inputs.shape
+    return inputs.permute(0, 2, 1, 3).reshape(batch, height, channels * width)
 
 
 def step_features(image_shape: Sequence[int] | None, num_features: int | None) -> int:
