@@ -87,8 +87,9 @@ def export(args: ExportArgs) -> list[Path]:
             ) from error
         except Exception as error:
             path.unlink(missing_ok=True)
+            reason = (str(error).strip() or type(error).__name__).splitlines()[0][:300]
             raise UserError(
-                f"{FORMATS[name][1]} cannot export this {family}: {first_line(error)}. Export "
+                f"{FORMATS[name][1]} cannot export this {family}: {reason}. Export "
                 "with the other format (format=onnx or format=torch_export) or use the checkpoint."
             ) from error
         log.info("%s: largest logit difference from the checkpoint %.2e (tolerance %.0e), "
@@ -174,10 +175,6 @@ def sample_inputs(facts: dict[str, Any], count: int, seed: int) -> list[Inputs]:
 def describe(example: Inputs) -> str:
     """A batch's size, and a padded batch's length: `8` or `8x30`."""
     return str(len(example[0])) if len(example) == 1 else f"{len(example[0])}x{example[0].shape[1]}"
-
-
-def first_line(error: Exception) -> str:
-    return (str(error).strip() or type(error).__name__).splitlines()[0][:300]
 
 
 def input_signature(facts: dict[str, Any]) -> tuple[list[str], tuple[dict[int, Any], ...]]:
