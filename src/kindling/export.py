@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-import numpy as np
 import torch
 
 from kindling import cli
@@ -65,7 +64,7 @@ def export(args: ExportArgs) -> list[Path]:
     stem.parent.mkdir(parents=True, exist_ok=True)
     inputs = sample_inputs(facts, args.samples, args.seed)
     with torch.no_grad():
-        expected = [module(*example) for example in inputs]
+        checks = [(example, module(*example)) for example in inputs]  # and the logits
     family = type(module.net).__name__
     traced = module
     if facts["input"] == "sequences" and hasattr(module.net, "exportable"):
@@ -78,28 +77,21 @@ def export(args: ExportArgs) -> list[Path]:
         path = stem.with_suffix(FORMATS[name][0])
         try:
             run = EXPORTERS[name](traced.eval(), inputs[0], path, facts)
+            with torch.no_grad():  # the file run on every batch
+                differences = [(run(x) - y).abs().max() for x, y in checks]
+            difference = float(torch.stack(differences).max())  # NaN where any is
         except ImportError as error:  # what ONNX export needs and training does not
             raise UserError(
                 f"ONNX export needs {error.name}: pip install -e '.[export]' (or "
                 "format=torch_export)."
             ) from error
         except Exception as error:
+            path.unlink(missing_ok=True)
+            reason = (str(error).strip() or type(error).__name__).splitlines()[0][:300]
             raise UserError(
-                f"{FORMATS[name][1]} cannot export this {family}: {first_line(error)}. Export "
+                f"{FORMATS[name][1]} cannot export this {family}: {reason}. Export "
                 "with the other format (format=onnx or format=torch_export) or use the checkpoint."
             ) from error
-        differences = []
-        for example, logits in zip(inputs, expected, strict=True):
-            try:
-                with torch.no_grad():
-                    differences.append((run(example) - logits).abs().max())
-            except Exception as error:
-                path.unlink()
-                raise UserError(
-                    f"The {name} export fails on a batch of {describe(example)}: "
-                    f"{first_line(error)}. {path} deleted."
-                ) from error
-        difference = float(torch.stack(differences).max())  # NaN where any is
         log.info("%s: largest logit difference from the checkpoint %.2e (tolerance %.0e), "
                  "batches of %s.", path, difference, args.tolerance,
                  " and ".join(describe(example) for example in inputs))  # fmt: skip
@@ -165,12 +157,13 @@ def sample_inputs(facts: dict[str, Any], count: int, seed: int) -> list[Inputs]:
     longest = facts.get("longest_trained") or facts.get("max_length") or 64
     batches: list[Inputs] = []
     for size, length in ((count, longest), (count // 2 + 1, (longest + 1) // 2)):
-        length = whole_patches(length, facts.get("length_multiple", 1))
         if facts["input"] != "sequences":
             shape = (size, *facts["input_shape"][1:])
             pixels = torch.randint(0, 256, shape, generator=generator, dtype=torch.uint8)
             batches.append((to_model_input(pixels, mean.view(1, -1, 1, 1), std.view(1, -1, 1, 1)),))
             continue
+        patch = facts["length_multiple"]  # a net reading patches: whole ones, at least 2
+        length = length if patch == 1 else max(2, -(-length // patch)) * patch
         lengths = torch.randint(1, length + 1, (size,), generator=generator)
         lengths[0], lengths[-1] = length, 1  # the first as long as the batch, the last 1 step
         steps = torch.randn(size, length, len(mean), generator=generator)  # (x - mean) / std
@@ -179,19 +172,9 @@ def sample_inputs(facts: dict[str, Any], count: int, seed: int) -> list[Inputs]:
     return batches
 
 
-def whole_patches(length: int, patch: int) -> int:
-    """The length a batch of sequences `length` steps long is padded to for an export whose
-    net reads patches of `patch` steps: whole patches, at least 2 (1 step: any length)."""
-    return length if patch == 1 else max(2, -(-length // patch)) * patch
-
-
 def describe(example: Inputs) -> str:
     """A batch's size, and a padded batch's length: `8` or `8x30`."""
     return str(len(example[0])) if len(example) == 1 else f"{len(example[0])}x{example[0].shape[1]}"
-
-
-def first_line(error: Exception) -> str:
-    return (str(error).strip() or type(error).__name__).splitlines()[0][:300]
 
 
 def input_signature(facts: dict[str, Any]) -> tuple[list[str], tuple[dict[int, Any], ...]]:
@@ -201,10 +184,10 @@ def input_signature(facts: dict[str, Any]) -> tuple[list[str], tuple[dict[int, A
     batch = torch.export.Dim("batch")
     if facts["input"] != "sequences":
         return ["images"], ({0: batch},)
-    patch, longest = facts.get("length_multiple", 1), facts["max_length"]
+    patch, longest = facts["length_multiple"], facts["max_length"]
     if patch == 1:
         length = torch.export.Dim("length", min=1, max=longest)
-    else:  # whole patches: a batch padded by `whole_patches`
+    else:  # whole patches, as `sample_inputs` pads a batch
         length = patch * torch.export.Dim("patches", min=2, max=longest and -(-longest // patch))
     return ["steps", "lengths"], ({0: batch, 1: length}, {0: batch})
 
@@ -226,7 +209,7 @@ def export_onnx(module: L.LightningModule, example: Inputs, path: Path, facts: d
 
     def run(inputs: Inputs) -> torch.Tensor:
         feed = {name: tensor.numpy() for name, tensor in zip(names, inputs, strict=True)}
-        return torch.from_numpy(np.asarray(session.run(["logits"], feed)[0]))
+        return torch.from_numpy(session.run(["logits"], feed)[0])
 
     return run
 

@@ -132,14 +132,12 @@ def predict(args: PredictArgs) -> Path:
         raise UserError(f"devices={args.devices}: give the number of processes, 1 or more.")
     if args.devices > 1 and args.input in PREDICT_SPLITS:
         raise UserError(f"input={args.input} is predicted on one device: set devices=1.")
+    collect = CollectRows()
     trainer = L.Trainer(
         accelerator=args.accelerator, devices=args.devices,
-        strategy="ddp" if args.devices > 1 else "auto",
-        precision=best_precision(args.accelerator), logger=False, enable_progress_bar=True,
-        enable_model_summary=False,
+        strategy="ddp" if args.devices > 1 else "auto", callbacks=[collect],
+        precision=best_precision(args.accelerator), logger=False, enable_model_summary=False,
     )  # fmt: skip
-    collect = CollectRows()
-    trainer.callbacks.append(collect)
     overrides = {"batch_size": args.batch_size}
     if args.num_workers is not None:
         overrides["num_workers"] = args.num_workers

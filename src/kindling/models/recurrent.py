@@ -4,7 +4,6 @@ from collections.abc import Sequence
 from typing import ClassVar, Literal
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
@@ -119,8 +118,6 @@ class UnpackedRecurrent(nn.Module):
         reverse = torch.where(positions < ends, ends - 1 - positions, positions).unsqueeze(-1)
         last = (ends - 1).clamp_min(0).unsqueeze(-1)  # (B, 1, 1): each last real step
         suffixes = ("", "_reverse") if rnn.bidirectional else ("",)
-        # Plain values for the loop: torch.while_loop traces its body, and not nn.RNN modules.
-        cell = {nn.LSTM: "lstm", nn.GRU: "gru"}.get(type(rnn), getattr(rnn, "nonlinearity", ""))
         x = steps
         for layer in range(rnn.num_layers):
             outputs, finals = [], []
@@ -129,7 +126,7 @@ class UnpackedRecurrent(nn.Module):
                 inputs = x.gather(1, reverse.expand(-1, -1, x.shape[-1])) if backward else x
                 weights = [getattr(rnn, f"{name}_l{layer}{suffix}", None) for name in
                            ("weight_ih", "weight_hh", "bias_ih", "bias_hh")]  # fmt: skip
-                out = _recurrence(cell, inputs, *weights)
+                out = _recurrence(rnn.mode, inputs, *weights)
                 index = last.expand(-1, -1, out.shape[-1])
                 # The backward state after reading back to the first step: reversed, the last.
                 finals.append(out.gather(1, index))
@@ -142,59 +139,34 @@ class UnpackedRecurrent(nn.Module):
         return self.net.head(torch.cat(finals, dim=-1).squeeze(1))
 
 
-def _recurrence(
-    cell: str,
-    inputs: torch.Tensor,
-    weight_ih: torch.Tensor,
-    weight_hh: torch.Tensor,
-    bias_ih: torch.Tensor | None,
-    bias_hh: torch.Tensor | None,
-) -> torch.Tensor:
-    """One layer and direction of a `cell` (lstm, gru, tanh or relu) over `inputs` `(B, T, F)`
-    from zero states: the hidden state after each step, `(B, T, hidden)`."""
+def _recurrence(mode: str, inputs: torch.Tensor, *weights: torch.Tensor | None) -> torch.Tensor:
+    """One layer and direction of an `nn.RNNBase` of `mode` over `inputs` `(B, T, F)` from zero
+    states, with its `weight_ih, weight_hh, bias_ih, bias_hh`: the hidden state after each step,
+    `(B, T, hidden)`. torch.while_loop traces its body, and not nn.RNN modules: plain values."""
     batch, length, _ = inputs.shape
-    hidden_size = weight_hh.shape[1]
-    gates = F.linear(inputs, weight_ih, bias_ih)  # every step's input part at once
-    zeros = inputs.new_zeros(batch, hidden_size)
+    zeros = inputs.new_zeros(batch, weights[1].shape[1])
     # The LSTM carries its cell state too (a loop may not return an input unchanged).
-    states = (zeros, zeros.clone()) if cell == "lstm" else (zeros,)
+    states = (zeros, zeros.clone()) if mode == "LSTM" else (zeros,)
 
     def more(step: torch.Tensor, outputs: torch.Tensor, *states: torch.Tensor) -> torch.Tensor:
         return step < length
 
     def advance(step: torch.Tensor, outputs: torch.Tensor, *states: torch.Tensor) -> tuple:
         at = step.view(1)
-        states = _step(cell, gates.index_select(1, at).squeeze(1), states, weight_hh, bias_hh)
+        x = inputs.index_select(1, at).squeeze(1)
+        new = CELLS[mode](x, states if mode == "LSTM" else states[0], *weights)
+        states = new if mode == "LSTM" else (new,)
         return step + 1, outputs.index_copy(1, at, states[0].unsqueeze(1)), *states
 
     start = torch.zeros((), dtype=torch.long, device=inputs.device)
-    outputs = inputs.new_zeros(batch, length, hidden_size)
+    outputs = zeros.new_zeros(batch, length, zeros.shape[1])
     _, outputs, *_ = torch.while_loop(more, advance, (start, outputs, *states))
     return outputs
 
 
-def _step(
-    cell: str,
-    gates: torch.Tensor,
-    states: tuple[torch.Tensor, ...],
-    weight_hh: torch.Tensor,
-    bias_hh: torch.Tensor | None,
-) -> tuple[torch.Tensor, ...]:
-    """One step of `nn.RNN` / `nn.GRU` / `nn.LSTM` as their documentation writes it."""
-    hidden = states[0]
-    recurrent = F.linear(hidden, weight_hh, bias_hh)
-    if cell == "lstm":
-        i, f, g, o = (gates + recurrent).chunk(4, dim=-1)
-        memory = torch.sigmoid(f) * states[1] + torch.sigmoid(i) * torch.tanh(g)
-        return torch.sigmoid(o) * torch.tanh(memory), memory
-    if cell == "gru":
-        x_r, x_z, x_n = gates.chunk(3, dim=-1)
-        h_r, h_z, h_n = recurrent.chunk(3, dim=-1)
-        reset, update = torch.sigmoid(x_r + h_r), torch.sigmoid(x_z + h_z)
-        new = torch.tanh(x_n + reset * h_n)
-        return ((1 - update) * new + update * hidden,)
-    activation = torch.tanh if cell == "tanh" else torch.relu
-    return (activation(gates + recurrent),)
+# One step of each `mode` of nn.RNNBase, as it computes it.
+CELLS = {"LSTM": torch.lstm_cell, "GRU": torch.gru_cell, "RNN_TANH": torch.rnn_tanh_cell,
+         "RNN_RELU": torch.rnn_relu_cell}  # fmt: skip
 
 
 class RNNClassifier(RecurrentClassifier):

@@ -105,8 +105,6 @@ class LanguageModel(BaseModule):
         return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        if self.net is None:
-            raise RuntimeError("the net is not built yet: call build() or load a checkpoint")
         return self.net(tokens)
 
     def shared_step(self, stage: str, batch: Batch) -> dict[str, torch.Tensor]:
@@ -144,9 +142,6 @@ class LanguageModel(BaseModule):
         when = "before training" if self.trainer.sanity_checking else f"epoch {self.current_epoch}"
         heading = f"Sample at step {self.global_step} ({when})"
         self.print(f"\n{heading}:\n{text}\n")
-        self._record_sample(heading, text)
-
-    def _record_sample(self, heading: str, text: str) -> None:
         # CSV cannot hold text: every sample also goes to samples.txt in the run folder.
         path = Path(self.trainer.default_root_dir) / SAMPLES_FILE
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -173,8 +168,6 @@ class LanguageModel(BaseModule):
         most likely ids. With a seeded `generator` (on the module's device) the result is
         reproducible.
         """
-        if prompt_ids.ndim != 2 or prompt_ids.shape[1] == 0:
-            raise ValueError(f"prompt_ids must be (batch, length >= 1), got {prompt_ids.shape}")
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {temperature}")
         was_training = self.training
