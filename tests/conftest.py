@@ -78,11 +78,14 @@ def _slow_first_on_each_worker(
 ) -> list[pytest.Item]:
     """The order for `--dist worksteal`: it hands worker i the i-th of `workers` equal slices of
     the list, and later moves tests from the end of a busy worker's queue to an idle one. Each
-    slice starts with its turn of the slow tests and ends with fast ones."""
+    slice starts with its share of the slow tests, a module's together (they may share a module
+    fixture), and ends with fast ones."""
+    shares: list[list[pytest.Item]] = [[] for _ in range(workers)]
+    for _, module in itertools.groupby(slow, key=lambda item: item.path):
+        min(shares, key=len).extend(module)
     order, fast_left, left = [], iter(fast), len(slow) + len(fast)
-    for worker in range(workers):
+    for worker, share in enumerate(shares):
         size = left // (workers - worker)  # as worksteal cuts its first slices
-        share = slow[worker::workers]
         order += [*share, *itertools.islice(fast_left, max(0, size - len(share)))]
         left -= size
     return order + list(fast_left)
