@@ -225,7 +225,7 @@ def stopped_jobs(
         jobs[name] = StoppedJob(list(steps), sweep)
 
     def stop_each_at_its_steps() -> None:
-        deadline = time.monotonic() + 240
+        deadline = time.monotonic() + 480  # a loaded machine is slow to start each job
         while any(job.queue_at_end is None for job in jobs.values()):
             for name, job in jobs.items():
                 if job.steps:
