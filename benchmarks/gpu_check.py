@@ -223,7 +223,7 @@ def steps(cpu: bool, work: Path) -> list[Step]:
     tiny = ["trainer=cpu", "debug=limit", "trainer.max_epochs=1"] if cpu else []
     overhead = [PYTHON, str(ROOT / "benchmarks" / "overhead.py"), "--models", "cnn", "transformer"]
     overhead += (
-        ["--epochs", "2", "--repeats", "1", "--samples", "128", "--batch-size", "32"]
+        ["--epochs", "2", "--repeats", "1", "--samples", "64", "--batch-size", "32"]
         if cpu
         else ["--repeats", "1", "--epochs", "6"]
     )

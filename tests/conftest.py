@@ -28,6 +28,7 @@ repository, and may share a worker with any other test.
 """
 
 import functools
+import itertools
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -57,15 +58,37 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """`pytest` runs the fast tests, `pytest --slow` all of them; `-m ...` chooses by itself.
 
-    The slow tests run first: the pytest-xdist workers share out the short ones at the end and
-    finish together, instead of one running a minute-long test while the others wait."""
+    The slow tests run first, on every pytest-xdist worker at once: the workers share out the
+    short ones at the end and finish together, instead of one running a minute-long test while
+    the others wait."""
     if config.getoption("--slow") or config.getoption("-m"):
-        items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable
+        slow = [item for item in items if item.get_closest_marker("slow")]
+        fast = [item for item in items if not item.get_closest_marker("slow")]
+        workers = getattr(config, "workerinput", {}).get("workercount", 1)
+        items[:] = _slow_first_on_each_worker(slow, fast, workers)
         return
     slow = [item for item in items if item.get_closest_marker("slow")]
     if slow:
         config.hook.pytest_deselected(items=slow)
         items[:] = [item for item in items if not item.get_closest_marker("slow")]
+
+
+def _slow_first_on_each_worker(
+    slow: list[pytest.Item], fast: list[pytest.Item], workers: int
+) -> list[pytest.Item]:
+    """The order for `--dist worksteal`: it hands worker i the i-th of `workers` equal slices of
+    the list, and later moves tests from the end of a busy worker's queue to an idle one. Each
+    slice starts with its share of the slow tests, a module's together (they may share a module
+    fixture), and ends with fast ones."""
+    shares: list[list[pytest.Item]] = [[] for _ in range(workers)]
+    for _, module in itertools.groupby(slow, key=lambda item: item.path):
+        min(shares, key=len).extend(module)
+    order, fast_left, left = [], iter(fast), len(slow) + len(fast)
+    for worker, share in enumerate(shares):
+        size = left // (workers - worker)  # as worksteal cuts its first slices
+        order += [*share, *itertools.islice(fast_left, max(0, size - len(share)))]
+        left -= size
+    return order + list(fast_left)
 
 
 def pytest_configure(config: pytest.Config) -> None:

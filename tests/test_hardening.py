@@ -532,15 +532,20 @@ from pathlib import Path
 import lightning as L
 
 class StallAt(L.Callback):
-    # At step `step`, names the moment in <folder>/at_step and waits a while: the signal lands
-    # then, with the loader's workers running.
+    # At step `step`, names the moment in <folder>/at_step and waits for the signal (30 s at
+    # most): it lands then, with the loader's workers running.
     def __init__(self, step, folder):
         self.step, self.folder = step, folder
 
     def on_train_batch_start(self, trainer, *args):
         if trainer.global_step == self.step:
             Path(self.folder, "at_step").write_text(str(self.step))
-            time.sleep(3)
+            deadline = time.monotonic() + 30
+            while not self.signalled(trainer) and time.monotonic() < deadline:
+                time.sleep(0.05)
+
+    def signalled(self, trainer):  # kindling's handler raises its flag; the step ends later
+        return any(getattr(c, "stopped_by", None) for c in trainer.callbacks)
 """
 
 

@@ -194,7 +194,8 @@ def test_a_run_killed_twice_and_resumed_keeps_every_epochs_metrics(tmp_path: Pat
     CSV file and in the TensorBoard events, once each. (Lightning's Trainer saves each logger
     after every call that logs; a logger that buffered would lose rows its checkpoint covers.)"""
     (tmp_path / "kill_after_checkpoint.py").write_text(KILL_AFTER_CHECKPOINT)
-    args = ["trainer=cpu", "trainer.max_epochs=6",
+    # debug=limit: epochs of 5 steps, killed at the 4th.
+    args = ["trainer=cpu", "debug=limit", "trainer.max_epochs=6",
             "logger=[csv,tensorboard]", "hydra.run.dir=run", *QUIET]  # fmt: skip
     resume_from_last = [f"ckpt_path={tmp_path / 'run' / 'checkpoints' / 'last.ckpt'}"]
     for epoch, resume in ((2, []), (4, resume_from_last)):

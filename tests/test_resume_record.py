@@ -249,8 +249,7 @@ KILLS = [
     ["moment=new_column"],  # just after epoch 0's train row gave metrics.csv its train/ columns
     ["moment=last", "epoch=1"],  # between epoch 1's last.ckpt and the Trainer logging its train row
     ["moment=rewrite"],  # while the resumed run drops the rows after its checkpoint
-    ["moment=random"],
-    ["moment=random"],
+    ["moment=random"],  # at a random time in the first epoch after a checkpoint
 ]
 
 

@@ -259,7 +259,9 @@ def test_predict_step_passes_the_lengths(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_two_processes_learn_sequences_and_test_each_one_once(tmp_path: Path) -> None:
+def test_two_processes_learn_sequences_and_test_each_one_once(
+    compose_config, tmp_path: Path
+) -> None:
     """Trained on 2 processes with length bucketing, the run learns the pattern; its test on 2
     processes counts each of the 31 test sequences once (2 x 16 would repeat one) and scores
     what one process scores."""
@@ -276,17 +278,18 @@ def test_two_processes_learn_sequences_and_test_each_one_once(tmp_path: Path) ->
     )  # fmt: skip
     assert trained.returncode == 0, trained.stderr[-3000:]
     assert "Starting with 2 processes" in trained.stdout + trained.stderr
+    tested_by = {1: tmp_path / "run", 2: tmp_path / "test2"}
+    test = ["train=false", f"ckpt_path={tmp_path / 'two/checkpoints/last.ckpt'}"]
+    run(compose_config(*common, *test, "trainer.devices=1"))  # one process: this one
+    tested = train_py(
+        *common, *test, "trainer.devices=2", f"hydra.run.dir={tested_by[2]}", cwd=tmp_path
+    )
+    assert tested.returncode == 0, tested.stderr[-3000:]
     results = {}
-    for devices in (1, 2):
-        folder = f"test{devices}"
-        tested = train_py(
-            *common, "train=false", f"ckpt_path={tmp_path / 'two/checkpoints/last.ckpt'}",
-            f"trainer.devices={devices}", f"hydra.run.dir={folder}", cwd=tmp_path,
-        )  # fmt: skip
-        assert tested.returncode == 0, tested.stderr[-3000:]
-        with open(tmp_path / folder / "csv" / "metrics.csv") as f:
+    for devices, folder in tested_by.items():
+        with open(folder / "csv" / "metrics.csv") as f:
             (row,) = [row for row in csv.DictReader(f) if row.get("test/acc")]
-        counts = np.loadtxt(tmp_path / folder / "confusion_matrix.csv", delimiter=",")
+        counts = np.loadtxt(folder / "confusion_matrix.csv", delimiter=",")
         results[devices] = float(row["test/acc"]), int(counts.sum())
     assert results[2] == results[1]
     assert results[2][1] == 31

@@ -76,7 +76,7 @@ def padded(sequences: list[tuple[np.ndarray, int]]) -> tuple[torch.Tensor, ...]:
 @pytest.mark.slow
 def test_a_conv_stem_learns_long_sequences_that_a_recurrent_net_does_not() -> None:
     """Shapes in 200-300 steps: the GRU that reads them in patches of 5 steps (its default
-    here) learns them in 100 optimizer steps; read step by step, the same net does not."""
+    here) learns them in 60 optimizer steps; read step by step, the same net does not."""
     train, test = padded(shapes(200, (200, 300), seed=0)), padded(shapes(200, (200, 300), seed=1))
     accuracies = {}
     for patch in (None, 1):
@@ -86,9 +86,9 @@ def test_a_conv_stem_learns_long_sequences_that_a_recurrent_net_does_not() -> No
             bidirectional=True,
         )  # fmt: skip
         assert (net.stem is None) == (patch == 1)
-        optimizer = torch.optim.Adam(net.parameters(), lr=3e-3)
+        optimizer = torch.optim.Adam(net.parameters(), lr=1e-2)
         batches = torch.Generator().manual_seed(0)
-        for _ in range(100):
+        for _ in range(60):
             at = torch.randint(0, 200, (32,), generator=batches)
             loss = F.cross_entropy(net(train[0][at], train[1][at]), train[2][at])
             optimizer.zero_grad(), loss.backward(), optimizer.step()
