@@ -134,10 +134,12 @@ def test_fsdp_config_wraps_each_transformer_block(compose_config) -> None:
     from hydra.utils import instantiate
     from lightning.pytorch.strategies import FSDPStrategy
 
+    from kindling.models.blocks import TransformerBlock
+
     cfg = compose_config("trainer=fsdp", "model=transformer")
     strategy = instantiate(cfg.trainer.strategy, _convert_="all")
     assert isinstance(strategy, FSDPStrategy)
-    assert strategy.kwargs["auto_wrap_policy"]._module_classes == {torch.nn.TransformerEncoderLayer}
+    assert strategy.kwargs["auto_wrap_policy"]._module_classes == {TransformerBlock}
     assert cfg.trainer.accelerator == "gpu" and cfg.trainer.precision == "bf16-mixed"
 
 

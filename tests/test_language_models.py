@@ -294,8 +294,7 @@ def test_model_keys_reach_the_language_model(compose_config, family, tmp_path) -
     module.build(datamodule.vocabulary)
     optimizer = module.optimizer_factory(params=module.parameters())
     assert optimizer.param_groups[0]["lr"] == 0.0123
-    net = module.net
-    num_layers = len(net.blocks.layers) if family == "transformer" else net.rnn.num_layers
+    num_layers = len(module.net.blocks) if family == "transformer" else module.net.rnn.num_layers
     assert num_layers == 2
 
 

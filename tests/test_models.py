@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from kindling.models.blocks import ConvStem, as_steps, encoder, steps_per_patch
+from kindling.models.blocks import ConvStem, SelfAttention, as_steps, steps_per_patch
 from kindling.models.cnn import CNNClassifier
 from kindling.models.recurrent import GRUClassifier, LSTMClassifier, RNNClassifier
 from kindling.models.transformer import TransformerClassifier
@@ -134,17 +134,13 @@ def test_transformer_rejects_bad_options() -> None:
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_attention_matches_a_plain_softmax(causal: bool) -> None:
+def test_self_attention_matches_a_plain_softmax(causal: bool) -> None:
     torch.manual_seed(0)
-    attn = encoder(d_model=16, num_layers=1, num_heads=2, mlp_ratio=2.0, dropout=0.0)
-    attn = attn.layers[0].self_attn.eval()  # as the models' blocks call it
+    attn = SelfAttention(d_model=16, num_heads=2, causal=causal).eval()
     x = torch.randn(2, 5, 16)
-    qkv = torch.nn.functional.linear(x, attn.in_proj_weight, attn.in_proj_bias)
-    q, k, v = qkv.view(2, 5, 3, 2, 8).permute(2, 0, 3, 1, 4)
+    q, k, v = attn.qkv(x).view(2, 5, 3, 2, 8).permute(2, 0, 3, 1, 4)
     scores = q @ k.transpose(-1, -2) / 8**0.5
     if causal:
         scores = scores.masked_fill(torch.ones(5, 5).triu(1).bool(), float("-inf"))
-    expected = attn.out_proj((scores.softmax(-1) @ v).transpose(1, 2).reshape(2, 5, 16))
-    mask = nn.Transformer.generate_square_subsequent_mask(5) if causal else None
-    actual, _ = attn(x, x, x, attn_mask=mask, is_causal=causal, need_weights=False)
-    torch.testing.assert_close(actual, expected)
+    expected = attn.proj((scores.softmax(-1) @ v).transpose(1, 2).reshape(2, 5, 16))
+    torch.testing.assert_close(attn(x), expected)

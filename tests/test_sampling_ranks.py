@@ -10,9 +10,9 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from torch import nn
 
 from kindling.data.text import Vocabulary
+from kindling.models.blocks import TransformerBlock
 from kindling.models.language_models import TransformerLanguageModel
 from kindling.modules.language_model import SAMPLES_FILE, LanguageModel, full_parameters
 
@@ -38,7 +38,7 @@ def sample_under_fsdp(rank: int, port: int, folder: Path) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=2)
     module = tiny_language_model()
     sharded = FullyShardedDataParallel(
-        module, auto_wrap_policy=ModuleWrapPolicy({nn.TransformerEncoderLayer}),
+        module, auto_wrap_policy=ModuleWrapPolicy({TransformerBlock}),
         device_id=torch.device("cpu"), use_orig_params=True,
     )  # fmt: skip
     tokens = torch.randint(0, 10, (2, 16))

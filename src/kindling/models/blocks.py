@@ -121,18 +121,61 @@ class ConvStem(nn.Module):
         return pooled, None if lengths is None else -(-lengths // self.patch)
 
 
-def encoder(
-    d_model: int, num_layers: int, num_heads: int, mlp_ratio: float, dropout: float
-) -> nn.TransformerEncoder:
-    """`num_layers` pre-norm blocks (self-attention, then a GELU MLP `mlp_ratio` times as wide),
-    then a LayerNorm; `dropout` on attention weights and residual branches."""
-    if d_model % num_heads:
-        raise ValueError(f"d_model={d_model} must be divisible by num_heads={num_heads}")
-    layer = nn.TransformerEncoderLayer(
-        d_model, num_heads, int(d_model * mlp_ratio), dropout, activation="gelu",
-        batch_first=True, norm_first=True,
-    )  # fmt: skip
-    # Nested tensors would skip padding, but not with pre-norm blocks: off, without the warning.
-    return nn.TransformerEncoder(
-        layer, num_layers, norm=nn.LayerNorm(d_model), enable_nested_tensor=False
-    )
+class SelfAttention(nn.Module):
+    """Multi-head self-attention on `scaled_dot_product_attention` (fused attention kernels)."""
+
+    def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0, causal: bool = False):
+        super().__init__()
+        if d_model % num_heads:
+            raise ValueError(f"d_model={d_model} must be divisible by num_heads={num_heads}")
+        self.num_heads = num_heads
+        self.causal = causal
+        self.dropout = dropout
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+        self.proj_dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, keys: torch.Tensor | None = None) -> torch.Tensor:
+        """`keys`: `(B, L)` True where a token may be attended to (padding is not)."""
+        batch, length, width = x.shape
+        # (B, L, 3, heads, head_dim) -> three tensors of (B, heads, L, head_dim)
+        q, k, v = self.qkv(x).view(batch, length, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)
+        mask = None if keys is None else keys[:, None, None, :]  # every head, every query
+        y = F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            dropout_p=self.dropout if self.training else 0.0,
+            is_causal=self.causal,
+        )
+        y = y.transpose(1, 2).reshape(batch, length, width)
+        return self.proj_dropout(self.proj(y))
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm Transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        mlp_ratio: float = 4.0,
+        dropout: float = 0.0,
+        causal: bool = False,
+    ):
+        super().__init__()
+        hidden = int(d_model * mlp_ratio)
+        self.attn_norm = nn.LayerNorm(d_model)
+        self.attn = SelfAttention(d_model, num_heads, dropout, causal)
+        self.mlp_norm = nn.LayerNorm(d_model)
+        self.mlp = nn.Sequential(
+            nn.Linear(d_model, hidden),
+            nn.GELU(),
+            nn.Linear(hidden, d_model),
+            nn.Dropout(dropout),
+        )
+
+    def forward(self, x: torch.Tensor, keys: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), keys)
+        return x + self.mlp(self.mlp_norm(x))

@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from kindling.models.blocks import encoder
+from kindling.models.blocks import TransformerBlock
 from kindling.models.recurrent import rnn_layers
 
 State = Any  # what forward_with_state hands back to itself; opaque to callers
@@ -86,15 +86,15 @@ class TransformerLanguageModel(nn.Module):
         self.token_embedding = nn.Embedding(vocab_size, d_model)
         self.position_embedding = nn.Embedding(context_length, d_model)
         self.dropout = nn.Dropout(dropout)
-        self.blocks = encoder(d_model, num_layers, num_heads, mlp_ratio, dropout)
+        self.blocks = nn.Sequential(
+            *(
+                TransformerBlock(d_model, num_heads, mlp_ratio, dropout, causal=True)
+                for _ in range(num_layers)
+            )
+        )
+        self.norm = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab_size, bias=False)
-        # Small normal weights (GPT-2): with a tied head, PyTorch's default N(0, 1) embedding would
-        # start the logits at a scale of sqrt(d_model) and the loss far above log(vocab_size).
-        for name, parameter in self.named_parameters():
-            if parameter.dim() > 1:  # the matrices: embeddings, projections
-                nn.init.normal_(parameter, mean=0.0, std=0.02)
-            elif name.endswith("bias"):
-                nn.init.zeros_(parameter)
+        self.apply(_init_weights)
         # Tied after the init: one matrix reads tokens in and scores them out (fewer parameters,
         # and every output row is trained by the input side too).
         self.head.weight = self.token_embedding.weight
@@ -107,8 +107,7 @@ class TransformerLanguageModel(nn.Module):
             )
         positions = torch.arange(length, device=tokens.device)
         x = self.dropout(self.token_embedding(tokens) + self.position_embedding(positions))
-        causal = nn.Transformer.generate_square_subsequent_mask(length, device=tokens.device)
-        return self.head(self.blocks(x, mask=causal, is_causal=True))
+        return self.head(self.norm(self.blocks(x)))
 
     def forward_with_state(
         self, tokens: torch.Tensor, state: State = None
@@ -141,3 +140,12 @@ class TransformerLanguageModel(nn.Module):
         tokens = batch_size * length
         attention = 12 * self.num_layers * self.d_model * length
         return tokens * (6 * self.num_parameters() + attention)
+
+
+def _init_weights(module: nn.Module) -> None:
+    # Small normal weights (GPT-2): with a tied head, PyTorch's default N(0, 1) embedding would
+    # start the logits at a scale of sqrt(d_model) and the loss far above log(vocab_size).
+    if isinstance(module, nn.Linear | nn.Embedding):
+        nn.init.normal_(module.weight, mean=0.0, std=0.02)
+    if isinstance(module, nn.Linear) and module.bias is not None:
+        nn.init.zeros_(module.bias)

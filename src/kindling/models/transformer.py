@@ -8,8 +8,8 @@ from torch import nn
 
 from kindling.models.blocks import (
     ConvStem,
+    TransformerBlock,
     as_steps,
-    encoder,
     masked_mean,
     real_steps,
     step_features,
@@ -56,7 +56,10 @@ class TransformerClassifier(nn.Module):
         num_tokens = max_length + (1 if pooling == "cls" else 0)
         self.pos_embedding = nn.Parameter(torch.randn(1, num_tokens, d_model) * 0.02)
         self.dropout = nn.Dropout(dropout)
-        self.encoder = encoder(d_model, num_layers, num_heads, mlp_ratio, dropout)
+        self.blocks = nn.ModuleList(
+            TransformerBlock(d_model, num_heads, mlp_ratio, dropout) for _ in range(num_layers)
+        )
+        self.norm = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, num_classes)
 
     def forward(self, inputs: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
@@ -70,6 +73,8 @@ class TransformerClassifier(nn.Module):
             if mask is not None:  # the class token is always there
                 mask = torch.cat([mask.new_ones(mask.shape[0], 1), mask], dim=1)
         x = self.dropout(tokens + self.pos_embedding[:, : tokens.shape[1]])
-        x = self.encoder(x, src_key_padding_mask=None if mask is None else ~mask)
+        for block in self.blocks:
+            x = block(x, mask)
+        x = self.norm(x)
         pooled = x[:, 0] if self.pooling == "cls" else masked_mean(x, mask)
         return self.head(pooled)
