@@ -10,7 +10,7 @@ with long_lived_imports():
     import hydra
     from omegaconf import DictConfig
 
-    from kindling.config.errors import UserError
+    from kindling.errors import UserError
     from kindling.run.run_folder import check_launch
     from kindling.train import run
 

@@ -9,7 +9,6 @@ import torch.nn.functional as F
 from hydra.utils import instantiate
 from torchvision.transforms import v2
 
-from kindling.config.errors import UserError
 from kindling.data.augment import (
     BatchAugment,
     DeviceGenerator,
@@ -17,6 +16,7 @@ from kindling.data.augment import (
     random_horizontal_flip,
     worker_transform,
 )
+from kindling.errors import UserError
 
 from helpers import digits
 

@@ -15,10 +15,10 @@ from lightning.pytorch.callbacks import ModelSummary, ProgressBar
 from omegaconf import OmegaConf
 
 import kindling.train
-from kindling.config.errors import UserError
 from kindling.config.instantiate import build
 from kindling.data.loaders import SplitDataModule
 from kindling.data.streaming import FORMAT, METADATA_FILE
+from kindling.errors import UserError
 from kindling.modules.classifier import Classifier
 from kindling.train import fill_in_from_data, run
 

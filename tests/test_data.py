@@ -19,7 +19,6 @@ import torch
 from omegaconf import OmegaConf
 from torchvision import datasets
 
-from kindling.config.errors import UserError
 from kindling.data.digits import DigitsDataModule
 from kindling.data.in_memory import InMemoryImageDataModule
 from kindling.data.loaders import per_device_batch_size
@@ -28,6 +27,7 @@ from kindling.data.torchvision_datasets import (
     FashionMNISTDataModule,
     MNISTDataModule,
 )
+from kindling.errors import UserError
 
 from helpers import PYTHON, compose_in
 from torchvision_files import (

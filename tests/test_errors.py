@@ -13,9 +13,9 @@ from lightning_utilities.core.imports import RequirementCache
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from kindling.config.errors import UserError
 from kindling.config.instantiate import ConfigFactory, build
 from kindling.data.text import Vocabulary
+from kindling.errors import UserError
 from kindling.train import run
 
 from helpers import QUIET, error_lines, prepare_cfg, train_py

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from kindling import export as export_command
-from kindling.config.errors import UserError
+from kindling.errors import UserError
 from kindling.export import ExportArgs, export
 from kindling.loading import load_module
 from kindling.train import run

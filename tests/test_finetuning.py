@@ -12,8 +12,8 @@ from lightning.pytorch.callbacks import Callback
 from torch.utils.data import DataLoader, TensorDataset
 
 from kindling.callbacks.ema import EMAWeights
-from kindling.config.errors import UserError
 from kindling.config.instantiate import instantiate_group
+from kindling.errors import UserError
 from kindling.loading import load_module
 from kindling.models.cnn import CNNClassifier
 from kindling.models.timm_net import TimmClassifier

@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from kindling.config.errors import UserError
 from kindling.config.instantiate import build, check_arguments
 from kindling.data.digits import DigitsDataModule
 from kindling.data.loaders import fold_split
+from kindling.errors import UserError
 
 from helpers import datamodule, make_folder
 

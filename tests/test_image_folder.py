@@ -12,8 +12,8 @@ import torch
 from omegaconf import open_dict
 from torchvision.transforms import v2
 
-from kindling.config.errors import UserError
 from kindling.data.image_folder import STATISTICS_FILE, EncodedImageFiles, decode_batch, read_image
+from kindling.errors import UserError
 from kindling.predict import PredictArgs, predict
 from kindling.train import run
 
@@ -369,8 +369,8 @@ def test_a_multirun_trains_with_and_without_augmentation(tmp_path: Path) -> None
 
 
 def test_a_missing_data_path_names_the_key(compose_config) -> None:
-    from kindling.config.errors import find_user_error
     from kindling.config.instantiate import build
+    from kindling.errors import find_user_error
 
     cfg = compose_config("data=image_folder")
     with pytest.raises(Exception) as error:

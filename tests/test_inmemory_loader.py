@@ -7,10 +7,10 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from kindling.config.errors import UserError
 from kindling.data.device_loader import DeviceTensorLoader
 from kindling.data.digits import DigitsDataModule
 from kindling.data.in_memory import BatchIndexedTensors
+from kindling.errors import UserError
 
 from helpers import digits
 

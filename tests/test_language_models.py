@@ -18,8 +18,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from kindling import cli
 from kindling import sample as sample_cli
-from kindling.config.errors import UserError
 from kindling.data.text import CharTextDataModule, Vocabulary
+from kindling.errors import UserError
 from kindling.loading import load_module
 from kindling.models.language_models import (
     GRULanguageModel,

@@ -10,7 +10,7 @@ import torch
 from omegaconf import open_dict
 
 from kindling.checkpoints import read_checkpoint
-from kindling.config.errors import UserError
+from kindling.errors import UserError
 from kindling.loading import load_module
 from kindling.predict import PredictArgs, predict
 from kindling.train import run

@@ -14,7 +14,7 @@ from torchvision.io import write_png
 
 from kindling import predict as predict_command
 from kindling import sample as sample_command
-from kindling.config.errors import UserError
+from kindling.errors import UserError
 from kindling.loading import data_state, load_module
 from kindling.predict import PredictArgs, predict
 from kindling.train import run

@@ -14,8 +14,8 @@ from omegaconf import OmegaConf
 
 import kindling.train
 from kindling.checkpoints import read_checkpoint
-from kindling.config.errors import UserError
 from kindling.config.instantiate import instantiate_group
+from kindling.errors import UserError
 from kindling.loading import load_module
 from kindling.models.cnn import CNNClassifier
 from kindling.train import run

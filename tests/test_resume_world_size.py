@@ -13,10 +13,10 @@ import torch
 from omegaconf import open_dict
 from torch.utils.data import DistributedSampler
 
-from kindling.config.errors import UserError
 from kindling.data.device_loader import DeviceTensorLoader
 from kindling.data.loaders import ResumableDistributedSampler
 from kindling.data.sequences import LengthBucketSampler
+from kindling.errors import UserError
 from kindling.train import run
 
 from helpers import QUIET, TESTS

@@ -15,7 +15,7 @@ from hydra.core.global_hydra import GlobalHydra
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import OmegaConf
 
-from kindling.config.errors import UserError
+from kindling.errors import UserError
 from kindling.run import run_folder
 from kindling.train import run
 

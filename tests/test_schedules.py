@@ -11,7 +11,7 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from omegaconf import DictConfig, open_dict
 
-from kindling.config.errors import UserError
+from kindling.errors import UserError
 from kindling.modules.optimization import takes_total_steps, warmup_cosine
 
 from helpers import CONFIG_DIR, options, quiet_trainer

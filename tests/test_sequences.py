@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from kindling.config.errors import UserError
 from kindling.data.sequences import SequenceTableDataModule
+from kindling.errors import UserError
 from kindling.models.recurrent import GRUClassifier, LSTMClassifier, RNNClassifier
 from kindling.models.temporal_conv import TemporalConvClassifier
 from kindling.models.transformer import TransformerClassifier

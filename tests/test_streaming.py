@@ -23,11 +23,11 @@ from PIL import Image
 from torch.utils.data import Dataset
 from torchvision.transforms import v2
 
-from kindling.config.errors import UserError
 from kindling.config.instantiate import build
 from kindling.data.image_folder import ImageFolderDataModule
 from kindling.data.sequences import SequenceTableDataModule
 from kindling.data.streaming import METADATA_FILE, StreamingDataModule, read_metadata
+from kindling.errors import UserError
 from kindling.prepare import prepare
 from kindling.train import augment_images_only, fill_in_from_data, run
 

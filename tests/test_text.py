@@ -12,9 +12,9 @@ import pytest
 import torch
 from lightning.fabric.utilities.data import _set_sampler_epoch
 
-from kindling.config.errors import UserError
 from kindling.data import text as text_module
 from kindling.data.text import CharTextDataModule, TokenWindows, Vocabulary, default_corpus
+from kindling.errors import UserError
 
 CORPUS = "It was the best of times, it was the worst of times; ünïcödé ✓ too.\n" * 8
 

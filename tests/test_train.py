@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from kindling.callbacks.divergence import DivergenceError
-from kindling.config.errors import UserError
+from kindling.errors import UserError
 from kindling.train import run, train_and_test
 
 from helpers import QUIET, compose_in, last_value, options, read_metrics, train_py

@@ -9,7 +9,7 @@ import fsspec
 import torch
 from fsspec.implementations.local import LocalFileSystem
 
-from kindling.config.errors import UserError
+from kindling.errors import UserError
 
 
 def read_checkpoint(path: str | Path) -> dict[str, Any]:

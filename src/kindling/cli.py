@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar, get_args
 
-from kindling.config.errors import UserError, find_user_error, message
+from kindling.errors import UserError, find_user_error, message
 from kindling.files import write_atomically
 from kindling.garbage_collection import skip_collections_at_exit
 

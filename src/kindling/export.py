@@ -22,8 +22,8 @@ import lightning as L
 import torch
 
 from kindling import cli
-from kindling.config.errors import UserError
 from kindling.data.image_folder import to_model_input
+from kindling.errors import UserError
 from kindling.known_warnings import ignore_unhelpful_warnings
 from kindling.loading import data_state, load_module
 from kindling.modules.classifier import Classifier

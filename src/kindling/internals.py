@@ -18,7 +18,7 @@ from lightning.pytorch.loops.fit_loop import _FitLoop
 from lightning.pytorch.strategies.launchers import subprocess_script as pytorch_launcher
 from lightning.pytorch.utilities.combined_loader import CombinedLoader
 
-from kindling.config.errors import UserError
+from kindling.errors import UserError
 
 SUPPORTED = "lightning>=2.6.6,<2.7"  # as pyproject.toml pins it (tested)
 

@@ -9,7 +9,7 @@ import lightning as L
 from hydra.utils import get_object, instantiate
 
 from kindling.checkpoints import read_checkpoint, without_compile_prefix
-from kindling.config.errors import UserError
+from kindling.errors import UserError
 
 
 def load_module(

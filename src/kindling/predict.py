@@ -18,8 +18,8 @@ import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
 
 from kindling import cli
-from kindling.config.errors import UserError
 from kindling.data.loaders import PREDICT_SPLITS
+from kindling.errors import UserError
 from kindling.files import probe_writable
 from kindling.hardware import best_precision
 from kindling.loading import data_state, instantiate_stored, load_module

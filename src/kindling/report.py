@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from kindling import cli
-from kindling.config.errors import UserError
+from kindling.errors import UserError
 from kindling.files import write_atomically
 from kindling.run.job_record import JOB_FILE, RESULTS_FILE, TRIAL_FILE
 

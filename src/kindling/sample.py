@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from kindling import cli
-from kindling.config.errors import UserError
+from kindling.errors import UserError
 from kindling.loading import load_module
 from kindling.modules.language_model import LanguageModel
 

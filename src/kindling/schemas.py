@@ -26,7 +26,7 @@ from hydra.utils import get_object
 from omegaconf import OmegaConf
 
 from kindling import cli
-from kindling.config.errors import UserError
+from kindling.errors import UserError
 
 INTERPOLATION = r"\$\{|^\?\?\?$"  # "${...}" anywhere in a string, or OmegaConf's "???" (missing)
 STRING, BOOLEAN = {"type": ["string"]}, {"type": ["boolean"]}

@@ -31,9 +31,9 @@ from kindling.callbacks.interrupt import CheckpointOnInterrupt
 from kindling.callbacks.resume import ResumeExactly
 from kindling.config import resolvers  # noqa: F401 - importing registers the resolvers
 from kindling.config.config_tree import print_config_tree
-from kindling.config.errors import UserError, find_user_error, message
 from kindling.config.instantiate import build, check_arguments, instantiate_group
 from kindling.data.loaders import per_device_batch_size
+from kindling.errors import UserError, find_user_error, message
 from kindling.files import is_url
 from kindling.hardware import best_precision
 from kindling.known_warnings import ignore_unhelpful_warnings

@@ -9,7 +9,7 @@ from hydra.core.hydra_config import HydraConfig
 from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
 from omegaconf import DictConfig, ListConfig
 
-from kindling.config.errors import UserError
+from kindling.errors import UserError
 
 
 def check_model_fits_data(cfg: DictConfig) -> None:

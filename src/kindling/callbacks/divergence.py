@@ -6,7 +6,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from kindling.config.errors import UserError
+from kindling.errors import UserError
 
 
 class DivergenceError(UserError):

@@ -1,2 +1,3 @@
-"""From config to objects: `UserError`, building objects checked against their signatures, the
-config tree a run saves, and the resolvers the configs use. Imports nothing else of kindling."""
+"""From config to objects: building objects checked against their signatures, the
+config tree a run saves, and the resolvers the configs use. Imports only `kindling.errors`
+(and the timm model, for `${pretrained_input:...}`, when a config names it)."""

@@ -19,7 +19,7 @@ from hydra.utils import instantiate
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from omegaconf import DictConfig, OmegaConf
 
-from kindling.config.errors import UserError, find_user_error
+from kindling.errors import UserError, find_user_error
 
 # Keys of an object's config that are Hydra's, not arguments of the object.
 HYDRA_KEYS = ("_target_", "_partial_", "_recursive_", "_convert_", "_args_")

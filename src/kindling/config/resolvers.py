@@ -7,7 +7,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import ListConfig, OmegaConf
 
-from kindling.config.errors import UserError
+from kindling.errors import UserError
 
 
 def pretrained_input(key: str, default: Any, *, _root_: Any) -> Any:

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torchvision.transforms import v2
 
-from kindling.config.errors import UserError
+from kindling.errors import UserError
 
 Transform = Callable[[torch.Tensor], torch.Tensor]
 

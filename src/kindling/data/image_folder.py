@@ -18,9 +18,9 @@ from torch.utils.data import DataLoader, Dataset, default_collate, get_worker_in
 from torchvision.io import ImageReadMode, decode_image, decode_jpeg, read_file
 from torchvision.transforms.v2.functional import pil_to_tensor, resize
 
-from kindling.config.errors import UserError
 from kindling.data.augment import Transform, worker_transform
 from kindling.data.loaders import SPLITS, SplitDataModule, split_off
+from kindling.errors import UserError
 from kindling.files import write_atomically
 
 log = logging.getLogger(__name__)

@@ -8,8 +8,8 @@ import torch
 from lightning.pytorch.accelerators import CUDAAccelerator
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from kindling.config.errors import UserError
 from kindling.data.loaders import SplitDataModule, split_off
+from kindling.errors import UserError
 
 Split = tuple[torch.Tensor, torch.Tensor]  # images (N, C, H, W) float in [0, 1], labels (N,) int64
 

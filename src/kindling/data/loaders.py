@@ -16,7 +16,7 @@ from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from kindling.config.errors import UserError
+from kindling.errors import UserError
 
 SPLITS = ("train", "val", "test")
 PREDICT_SPLITS = ("test", "val")  # the splits `python -m kindling.predict input=` names

@@ -14,8 +14,8 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import Dataset
 
-from kindling.config.errors import UserError
 from kindling.data.loaders import SPLITS, ResumableDistributedSampler, SplitDataModule, split_off
+from kindling.errors import UserError
 
 log = logging.getLogger(__name__)
 

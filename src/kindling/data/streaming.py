@@ -22,11 +22,11 @@ from litdata import StreamingDataLoader, StreamingDataset
 from litdata.exceptions import ChunkWaitTimeoutError
 from torch.utils.data import Dataset
 
-from kindling.config.errors import UserError
 from kindling.data.augment import Transform, worker_transform
 from kindling.data.image_folder import files_to_predict, to_model_input
 from kindling.data.loaders import SPLITS, SplitDataModule
 from kindling.data.sequences import TABLE_READING, Sequences, standardised, table_to_predict
+from kindling.errors import UserError
 from kindling.files import probe_writable
 
 log = logging.getLogger(__name__)

@@ -12,8 +12,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from kindling.config.errors import UserError
 from kindling.data.loaders import SplitDataModule
+from kindling.errors import UserError
 from kindling.files import write_atomically
 
 # Public-domain corpora that `data.download=<name>` fetches from their canonical address.

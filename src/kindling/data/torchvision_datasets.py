@@ -6,8 +6,8 @@ from typing import ClassVar
 import torch
 from torchvision import datasets
 
-from kindling.config.errors import UserError
 from kindling.data.in_memory import InMemoryImageDataModule, Split
+from kindling.errors import UserError
 
 
 class TorchvisionDataModule(InMemoryImageDataModule):

@@ -12,7 +12,7 @@ from lightning.pytorch.loggers import CSVLogger, Logger, MLFlowLogger
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig
 
-from kindling.config.errors import UserError
+from kindling.errors import UserError
 from kindling.run.provenance import NO_GIT
 
 log = logging.getLogger(__name__)

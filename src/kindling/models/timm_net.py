@@ -9,7 +9,7 @@ import timm
 import torch
 from torch import nn
 
-from kindling.config.errors import UserError
+from kindling.errors import UserError
 from kindling.models.cnn import require_images
 
 

@@ -4,7 +4,7 @@ a backbone frozen for the first epochs."""
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from kindling.config.errors import UserError
+from kindling.errors import UserError
 
 
 def backbone_and_head(net: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter]]:

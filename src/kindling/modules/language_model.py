@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from lightning.pytorch.loggers import TensorBoardLogger
 from torch import nn
 
-from kindling.config.errors import UserError
 from kindling.data.text import Vocabulary
+from kindling.errors import UserError
 from kindling.modules.base import BaseModule, OptimizerFactory, SchedulerFactory
 
 NetFactory = Callable[..., nn.Module]  # takes vocab_size=

@@ -12,7 +12,7 @@ import lightning as L
 import torch
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 
-from kindling.config.errors import UserError
+from kindling.errors import UserError
 
 
 def warmup_cosine(

@@ -32,7 +32,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from kindling.config.errors import UserError
+from kindling.errors import UserError
 
 try:
     import fcntl

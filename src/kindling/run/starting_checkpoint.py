@@ -10,7 +10,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from kindling.checkpoints import read_checkpoint, without_compile_prefix
-from kindling.config.errors import UserError
+from kindling.errors import UserError
 from kindling.files import is_url
 from kindling.run.provenance import LENGTH, key, run_overrides
 

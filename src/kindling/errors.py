@@ -1,4 +1,5 @@
-"""Errors caused by input a user can fix: printed as one short message, without a traceback."""
+"""Errors caused by input a user can fix: printed as one short message, without a traceback. Every
+layer raises them, so this module imports nothing."""
 
 
 class UserError(Exception):
