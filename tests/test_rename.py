@@ -161,7 +161,7 @@ def test_a_copier_project_takes_kindlings_later_changes_renamed(tmp_path) -> Non
     git(project, "commit", "-q", "-m", "my project")
 
     # kindling, later: a fix in a file, and a new module importing the package.
-    fixed = repo / "src" / "kindling" / "config" / "errors.py"
+    fixed = repo / "src" / "kindling" / "errors.py"
     fixed.write_text(fixed.read_text().replace('"""Errors caused', '"""Errors, caused', 1))
     new = repo / "src" / "kindling" / "models" / "block.py"
     new.write_text('"""A block."""\n\nfrom kindling.models.cnn import CNNClassifier\n')
@@ -171,7 +171,7 @@ def test_a_copier_project_takes_kindlings_later_changes_renamed(tmp_path) -> Non
     copier("update", "--vcs-ref=v2", cwd=project)
 
     package = project / "src" / "mynet"
-    assert (package / "config" / "errors.py").read_text().startswith('"""Errors, caused')
+    assert (package / "errors.py").read_text().startswith('"""Errors, caused')
     assert (
         "from mynet.models.cnn import CNNClassifier"
         in (package / "models" / "block.py").read_text()
