@@ -8,21 +8,18 @@ import shlex
 import subprocess
 import textwrap
 import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 import optuna
 import pytest
 import yaml
-from hydra.core.global_hydra import GlobalHydra
 from optuna.trial import TrialState
 
 import kindling.train
 from kindling.optuna_sweep import open_storage
 from kindling.report import MARKDOWN
 
-from helpers import PYTHON, QUIET, ROOT, compose_in, start_train_py
+from helpers import PYTHON, QUIET, ROOT, start_train_py
 from slurm_cluster import Cluster
 
 # The smallest runs that train, validate, test and checkpoint, on one CPU each.
@@ -33,8 +30,6 @@ SMALL = [
     "callbacks.plots=null",
     *QUIET,
 ]
-# The same run on SLURM and here gives the same numbers.
-EXACT = ["trainer.deterministic=true", "test=false", *SMALL]
 
 
 def start_submit(
@@ -171,7 +166,7 @@ class WaitForSignalAt(L.Callback):
         if trainer.global_step in self.steps and here in (self.folders or [here]):
             at_step = Path(trainer.default_root_dir, f"at_step_{trainer.global_step}")
             at_step.write_text(os.environ["SLURM_JOB_ID"])
-            deadline = time.monotonic() + 120
+            deadline = time.monotonic() + 30
             while not self.signalled(trainer) and time.monotonic() < deadline:
                 time.sleep(0.05)
 
@@ -188,105 +183,71 @@ def epochs_and_last_val_loss(run_dir: Path) -> tuple[list[str], list[str], float
     return trained, validated, float([r["val/loss"] for r in rows if r["val/loss"]][-1])
 
 
-@dataclass
-class StoppedJob:
-    steps: list[int]  # where the job waits for SLURM to stop it
-    sweep: subprocess.Popen  # `python train.py -m ...` that submitted it
-    run_dir: Path | None = None
-    queue_at_end: list[str] | None = None  # the queue's jobs once the sweep ended
-    output: str = ""
-
-
-@pytest.fixture(scope="module")
-def stopped_jobs(
-    slurm_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
-) -> tuple[dict[str, StoppedJob], float]:
-    """Three jobs that SLURM stops in the middle of a step, submitted at once (their waits for
-    the scheduler overlap): `warned` (SIGUSR1, what SLURM sends before a time limit: the job
-    requeues itself) and `requeued` (`scontrol requeue`: SIGTERM, and SLURM requeues the job),
-    each at steps 3 and 7, `cancelled` (`scancel`: SIGTERM) at step 3; and the val/loss of the
-    first two's run uninterrupted, trained here meanwhile."""
-    folder = tmp_path_factory.mktemp("stopped_jobs")
-    (folder / "modules").mkdir()
-    (folder / "modules" / "slurm_signal.py").write_text(textwrap.dedent(WAIT_FOR_SIGNAL))
-    stops = {
-        "warned": (["scancel", "--signal=USR1"], EXACT, [3, 7]),
-        "requeued": (["scontrol", "requeue"], EXACT, [3, 7]),
-        "cancelled": (["scancel"], SMALL, [3]),
-    }
-    jobs = {}
-    for name, (_, args, steps) in stops.items():
-        (folder / name).mkdir()
-        wait = ["+callbacks.wait._target_=slurm_signal.WaitForSignalAt",
-                f"+callbacks.wait.steps=[{','.join(map(str, steps))}]"]  # fmt: skip
-        sweep = start_submit(
-            slurm_cluster, *args, *wait, cwd=folder / name, module_dir=folder / "modules"
-        )
-        jobs[name] = StoppedJob(list(steps), sweep)
-
-    def stop_each_at_its_steps() -> None:
-        deadline = time.monotonic() + 480  # a loaded machine is slow to start each job
-        while any(job.queue_at_end is None for job in jobs.values()):
-            for name, job in jobs.items():
-                if job.steps:
-                    pattern = f"logs/debug/multiruns/*/0/at_step_{job.steps[0]}"
-                    if at_step := list((folder / name).glob(pattern)):
-                        slurm_cluster.run(*stops[name][0], at_step[0].read_text())
-                        job.run_dir = at_step[0].parent
-                        job.steps.pop(0)
-                    else:
-                        assert job.sweep.poll() is None, (name, job.sweep.communicate())
-                elif job.queue_at_end is None and job.sweep.poll() is not None:
-                    queue = slurm_cluster.run("squeue", "--noheader", "--format=%i")
-                    job.queue_at_end = queue.split()
-            assert time.monotonic() < deadline, {n: j.steps for n, j in jobs.items()}
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "stop",
+    [["scancel", "--signal=USR1"], ["scontrol", "requeue"]],
+    ids=["warned", "requeued"],
+)
+def test_a_job_stopped_by_slurm_requeues_and_ends_as_an_uninterrupted_run(
+    slurm_cluster: Cluster, compose_config, tmp_path: Path, stop: list[str]
+) -> None:
+    """In the middle of a step of each epoch, SIGUSR1 (what SLURM sends before a time limit: the
+    job requeues itself) or `scontrol requeue` (SLURM sends SIGTERM and requeues the job): the
+    job checkpoints at the end of that step, twice, and each start of the job resumes where the
+    last stopped."""
+    exact = ["trainer.deterministic=true", "test=false", *SMALL]
+    (tmp_path / "modules").mkdir()
+    (tmp_path / "modules" / "slurm_signal.py").write_text(textwrap.dedent(WAIT_FOR_SIGNAL))
+    wait = ["+callbacks.wait._target_=slurm_signal.WaitForSignalAt", "+callbacks.wait.steps=[3,7]"]
+    job = start_submit(slurm_cluster, *exact, *wait, cwd=tmp_path, module_dir=tmp_path / "modules")
+    kindling.train.run(compose_config(*exact))  # the same run, uninterrupted, meanwhile
+    for step in (3, 7):
+        deadline = time.monotonic() + 120
+        while not (at_step := list(tmp_path.glob(f"logs/debug/multiruns/*/0/at_step_{step}"))):
+            assert job.poll() is None and time.monotonic() < deadline, job.communicate()
             time.sleep(0.2)
-
-    # The jobs wait at their steps for SLURM's signal: stopped from a thread while the
-    # uninterrupted run trains here.
-    with ThreadPoolExecutor(1) as pool:
-        stopping = pool.submit(stop_each_at_its_steps)
-        try:
-            kindling.train.run(compose_in(folder, *EXACT))
-        finally:
-            GlobalHydra.instance().clear()
-        stopping.result()
-    for job in jobs.values():
-        job.output = "".join(job.sweep.communicate(timeout=300))
-    return jobs, epochs_and_last_val_loss(folder / "run")[2]
-
-
-@pytest.mark.slow
-def test_a_job_stopped_by_slurm_requeues_and_ends_as_an_uninterrupted_run(stopped_jobs) -> None:
-    """In the middle of a step of each epoch, SIGUSR1 or `scontrol requeue`: the job checkpoints
-    at the end of that step, twice, and each start of the job resumes where the last stopped."""
-    jobs, uninterrupted_val_loss = stopped_jobs
-    for way in ("warned", "requeued"):
-        job = jobs[way]
-        assert job.sweep.returncode == 0, (way, job.output)
-        (script,) = job.run_dir.parent.glob(".submitit/*/*_submission.sh")
-        assert "#SBATCH --signal=USR1@120" in script.read_text()  # what the time limit sends too
-        assert sorted(p.name for p in job.run_dir.glob("hpc_ckpt_*")) == [
-            "hpc_ckpt_1.ckpt",
-            "hpc_ckpt_2.ckpt",
-        ], way
-        trained, validated, val_loss = epochs_and_last_val_loss(job.run_dir)
-        assert trained == validated == ["0", "1"], way  # each epoch once, the interrupted ones too
-        assert val_loss == pytest.approx(uninterrupted_val_loss, abs=1e-6), way
+        slurm_cluster.run(*stop, at_step[0].read_text())
+    _, stderr = job.communicate(timeout=300)
+    assert job.returncode == 0, stderr
+    run_dir = at_step[0].parent
+    (script,) = run_dir.parent.glob(".submitit/*/*_submission.sh")
+    assert "#SBATCH --signal=USR1@120" in script.read_text()  # what the time limit sends too
+    assert sorted(p.name for p in run_dir.glob("hpc_ckpt_*")) == [
+        "hpc_ckpt_1.ckpt",
+        "hpc_ckpt_2.ckpt",
+    ]
+    trained, validated, val_loss = epochs_and_last_val_loss(run_dir)
+    assert trained == validated == ["0", "1"]  # each epoch once, the interrupted ones too
+    assert val_loss == pytest.approx(epochs_and_last_val_loss(tmp_path / "run")[2], abs=1e-6)
 
 
 @pytest.mark.slow
-def test_a_cancelled_job_ends_and_its_folder_says_so(stopped_jobs) -> None:
+def test_a_cancelled_job_ends_and_its_folder_says_so(
+    slurm_cluster: Cluster, tmp_path: Path
+) -> None:
     """`scancel` mid-step: SLURM sends SIGTERM; the job checkpoints at the end of the step and
     ends, its job.yaml says `interrupted`, and the sweep says in one line that the job left no
     result (SLURM's state CANCELLED) and where its folder is."""
-    job = stopped_jobs[0]["cancelled"]
-    assert job.sweep.returncode == 1
-    assert "Traceback" not in job.output and "(state: CANCELLED)" in job.output, job.output
-    record = yaml.safe_load((job.run_dir / "job.yaml").read_text())
+    (tmp_path / "modules").mkdir()
+    (tmp_path / "modules" / "slurm_signal.py").write_text(textwrap.dedent(WAIT_FOR_SIGNAL))
+    wait = ["+callbacks.wait._target_=slurm_signal.WaitForSignalAt", "+callbacks.wait.steps=[3]"]
+    sweep = start_submit(
+        slurm_cluster, *SMALL, *wait, cwd=tmp_path, module_dir=tmp_path / "modules"
+    )
+    deadline = time.monotonic() + 120
+    while not (at_step := list(tmp_path.glob("logs/debug/multiruns/*/0/at_step_3"))):
+        assert sweep.poll() is None and time.monotonic() < deadline, sweep.communicate()
+        time.sleep(0.2)
+    slurm_cluster.run("scancel", at_step[0].read_text())
+    said = "".join(sweep.communicate(timeout=120))
+    assert sweep.returncode == 1
+    assert "Traceback" not in said and "(state: CANCELLED)" in said, said
+    run_dir = at_step[0].parent
+    record = yaml.safe_load((run_dir / "job.yaml").read_text())
     assert (record["status"], record["exit_code"]) == ("interrupted", 143)
-    assert (job.run_dir / "hpc_ckpt_1.ckpt").is_file()
-    assert (job.run_dir / "at_step_3").read_text() not in job.queue_at_end  # not requeued
+    assert (run_dir / "hpc_ckpt_1.ckpt").is_file()
+    assert not slurm_cluster.run("squeue", "--noheader").strip()
 
 
 RECORD_PARAMS = """
