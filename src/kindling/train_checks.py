@@ -31,6 +31,11 @@ def check_seed(seed: object) -> None:
         raise UserError(f"seed must be a whole number or null, got {seed}.")
 
 
+def _count(devices: object) -> object:
+    """A list of device indices (a ListConfig from the config) asks for one device each."""
+    return len(devices) if isinstance(devices, ListConfig | list) else devices
+
+
 def requested_world_size(trainer: DictConfig) -> int:
     """How many processes the trainer config asks for (devices x nodes; `auto` on GPUs counts the
     visible ones; a strategy that names its devices runs one process for each)."""
@@ -44,7 +49,7 @@ def requested_world_size(trainer: DictConfig) -> int:
     if devices in ("auto", -1):
         on_gpu = str(trainer.get("accelerator")) in ("gpu", "cuda", "auto")
         devices = max(1, torch.cuda.device_count()) if on_gpu else 1
-    count = len(devices) if isinstance(devices, ListConfig | list) else devices
+    count = _count(devices)
     if not isinstance(count, int) or count < 1:
         raise UserError(
             f"trainer.devices={devices!r} is not a device count: use a number (2), a list of "
@@ -66,7 +71,7 @@ def check_accelerator(trainer: DictConfig) -> None:
                 "trainer.accelerator=auto to use a GPU only where there is one. "
                 "`python -m kindling.device_report` shows what torch sees."
             )
-        wanted = len(devices) if isinstance(devices, ListConfig | list) else devices
+        wanted = _count(devices)
         available = torch.cuda.device_count()
         if isinstance(wanted, int) and wanted > available:
             raise UserError(
