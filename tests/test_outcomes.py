@@ -19,12 +19,13 @@ import pyarrow.parquet
 import pytest
 import torch
 import torch.nn.functional as F
+from hydra.utils import instantiate
 from PIL import Image
 from sklearn.datasets import load_digits
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from kindling.data.streaming import StreamingDataModule
-from kindling.loading import instantiate_stored, load_module
+from kindling.loading import load_module
 from kindling.predict import PredictArgs, predict
 from kindling.prepare import prepare
 from kindling.train import run
@@ -139,7 +140,7 @@ def test_streamed_batches_mix_the_classes_as_a_random_draw_does(
 def plain_loop(checkpoint: Path) -> dict[str, float]:
     """test/loss and test/acc of a checkpoint by a plain loop over its test split."""
     module, stored = load_module(checkpoint)
-    data = instantiate_stored(stored["config"]["data"], checkpoint)
+    data = instantiate(stored["config"]["data"], _convert_="all")  # checked by load_module
     data.load_state_dict(stored[type(data).__name__])  # the training set's statistics
     data.setup("test")
     loss, correct, count = 0.0, 0, 0

@@ -47,28 +47,22 @@ def parse(
                 f"Unknown argument {arg!r}: give key=value, a key among {', '.join(types)}. "
                 f"Usage: {usage}"
             )
+        elif text == "null" and type(None) in get_args(types[name]):  # `int | None`: None
+            values[name] = None
         else:
-            values[name] = _read(arg, text, types[name], usage)
+            kind = (get_args(types[name]) or (types[name],))[0]
+            try:
+                values[name] = (
+                    {"true": True, "false": False}[text.lower()] if kind is bool else kind(text)
+                )
+            except (KeyError, ValueError):
+                what = "true or false" if kind is bool else "a number"
+                raise UserError(f"{arg!r}: {name} must be {what}. Usage: {usage}") from None
     for field in fields:
         required = field.default is field.default_factory is dataclasses.MISSING
         if required and field.name not in values:
             raise UserError(f"Missing mandatory value: {field.name}. Usage: {usage}")
     return args_class(**values)
-
-
-def _read(arg: str, text: str, kind: Any, usage: str) -> Any:
-    kinds = get_args(kind) or (kind,)  # `int | None`: int, or None
-    if text == "null" and type(None) in kinds:
-        return None
-    try:
-        if kinds[0] is bool:
-            return {"true": True, "false": False}[text.lower()]
-        return kinds[0](text)
-    except (KeyError, ValueError):
-        what = "true or false" if kinds[0] is bool else "a number"
-        raise UserError(
-            f"{arg!r}: {arg.partition('=')[0]} must be {what}. Usage: {usage}"
-        ) from None
 
 
 def main(run: Callable[..., R]) -> Callable[..., R]:

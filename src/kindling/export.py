@@ -48,7 +48,6 @@ Runner = Callable[[Inputs], torch.Tensor]
 
 
 def export(args: ExportArgs) -> list[Path]:
-    """Write and check each format `args` asks for; return the files written."""
     formats = list(FORMATS) if args.format == "both" else [args.format]
     if not set(formats) <= set(FORMATS):
         raise UserError(f"format={args.format} is not one of both, onnx, torch_export.")
@@ -92,9 +91,10 @@ def export(args: ExportArgs) -> list[Path]:
                 f"{FORMATS[name][1]} cannot export this {family}: {reason}. Export "
                 "with the other format (format=onnx or format=torch_export) or use the checkpoint."
             ) from error
+        # Each batch's size, and a padded batch's length: `8 and 5` or `8x30 and 5x15`.
+        sizes = " and ".join("x".join(map(str, x[0].shape[: len(x)])) for x in inputs)
         log.info("%s: largest logit difference from the checkpoint %.2e (tolerance %.0e), "
-                 "batches of %s.", path, difference, args.tolerance,
-                 " and ".join(describe(example) for example in inputs))  # fmt: skip
+                 "batches of %s.", path, difference, args.tolerance, sizes)  # fmt: skip
         if not difference <= args.tolerance:  # NaN fails too
             path.unlink()
             raise UserError(
@@ -170,11 +170,6 @@ def sample_inputs(facts: dict[str, Any], count: int, seed: int) -> list[Inputs]:
         steps[torch.arange(length)[None, :] >= lengths[:, None]] = 0.0
         batches.append((steps, lengths))
     return batches
-
-
-def describe(example: Inputs) -> str:
-    """A batch's size, and a padded batch's length: `8` or `8x30`."""
-    return str(len(example[0])) if len(example) == 1 else f"{len(example[0])}x{example[0].shape[1]}"
 
 
 def input_signature(facts: dict[str, Any]) -> tuple[list[str], tuple[dict[int, Any], ...]]:

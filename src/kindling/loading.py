@@ -23,23 +23,19 @@ def load_module(
         raise UserError(f"{path} has no stored config: it was not written by kindling's train.py.")
     config = checkpoint["config"]  # its model and data: what predict, sample and export build
     check_stored_config({"model": config.get("model"), "data": config.get("data")}, path)
-    module = instantiate(without_pretrained_weights(config["model"]), _convert_="all")
+    # The net built from scratch (`model=timm`: not `pretrained`, no `pretrained_file`): the
+    # checkpoint's weights replace any pretrained ones, so loading needs neither the network nor
+    # the file training started from.
+    model, net = config["model"], config["model"].get("net")
+    if isinstance(net, dict):
+        off = {"pretrained": False, "pretrained_file": None}
+        model = {**model, "net": {**net, **{k: v for k, v in off.items() if k in net}}}
+    module = instantiate(model, _convert_="all")
     if not isinstance(module, kind):
         name = type(module).__name__
         raise UserError(f"{path} holds a {name}, not a {kind.__name__}: {use_instead}")
     module.load_state_dict(without_compile_prefix(checkpoint["state_dict"]))
     return module.eval(), checkpoint
-
-
-def without_pretrained_weights(model: dict[str, Any]) -> dict[str, Any]:
-    """The model config with its net built from scratch (`model=timm`: not `pretrained`, no
-    `pretrained_file`): the checkpoint's weights replace any pretrained ones, so loading needs
-    neither the network nor the file training started from."""
-    net = model.get("net")
-    if not isinstance(net, dict):
-        return model
-    off = {"pretrained": False, "pretrained_file": None}
-    return {**model, "net": {**net, **{k: v for k, v in off.items() if k in net}}}
 
 
 # What a checkpoint's stored config may build: kindling's models, modules and data, and the
@@ -52,13 +48,6 @@ STORED_TARGET_PACKAGES = (
 )  # fmt: skip
 # Functions among them that build things (everything else must be a class).
 STORED_FUNCTION_PACKAGES = ("kindling.modules.optimization.", "torchvision.models.", "timm.")
-
-
-def instantiate_stored(config: Any, path: str | Path, **kwargs: Any) -> Any:
-    """`instantiate` a config stored in the checkpoint at `path`, once every `_target_` in it
-    is one that kindling's configs could name (checked before anything is imported or called)."""
-    check_stored_config(config, path)
-    return instantiate(config, _convert_="all", **kwargs)
 
 
 def check_stored_config(node: Any, path: str | Path, key: str = "config") -> None:

@@ -1,17 +1,13 @@
-"""An Optuna study run as a Hydra multirun (hydra_plugins.kindling_optuna_sweeper): one job (and
-run folder) per trial.
+"""An Optuna study run as a Hydra multirun (hydra_plugins.kindling_optuna_sweeper, docs/sweeps.md):
+one job (and run folder) per trial, the search space in Hydra's sweep syntax.
 
 The study lives in persistent storage, so a sweep that is run again continues it, and several
 sweeping processes can share it. Job N of the multirun is trial N of the study: its run folder is
 `<sweep dir>/<trial number>` and `${hydra:job.num}` is the trial number, which is how
 kindling.callbacks.optuna_pruning.OptunaPruning finds its trial.
-
-The search space is Hydra's sweep syntax: `interval(a, b)` is a float (or int, if both ends are)
-between a and b; `tag(log, interval(a, b))` the same on a log scale; `range(a, b[, step])` the
-integers of Python's `range` (b excluded); `choice(x, y, ...)` one of the values. A plain value
-(`trainer.max_epochs=5`) is passed to every trial unchanged.
 """
 
+import itertools
 import logging
 import os
 import shlex
@@ -109,13 +105,8 @@ class OptunaSweep:
             for trial in trials:  # so that a later sweep can tell if it was cut off
                 trial.set_user_attr(SWEEPER, {"host": socket.gethostname(), "pid": os.getpid()})
             # Runs of consecutive numbers (a sweeper sharing the study may take the others).
-            batches: list[list[optuna.Trial]] = []
-            for trial in trials:
-                if batches and trial.number == batches[-1][-1].number + 1:
-                    batches[-1].append(trial)
-                else:
-                    batches.append([trial])
-            for batch in batches:
+            for _, run in itertools.groupby(enumerate(trials), lambda it: it[1].number - it[0]):
+                batch = [trial for _, trial in run]
                 overrides = [
                     [*fixed, *(f"{name}={value}" for name, value in trial.params.items())]
                     for trial in batch

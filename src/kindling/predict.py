@@ -15,6 +15,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
+from hydra.utils import instantiate
 from lightning.pytorch.callbacks import BasePredictionWriter
 
 from kindling import cli
@@ -22,7 +23,7 @@ from kindling.data.loaders import PREDICT_SPLITS
 from kindling.errors import UserError
 from kindling.files import probe_writable
 from kindling.hardware import best_precision
-from kindling.loading import data_state, instantiate_stored, load_module
+from kindling.loading import data_state, load_module
 
 log = logging.getLogger("kindling")
 
@@ -101,20 +102,14 @@ def check_output(args: PredictArgs) -> Path:
     elif output.exists() and not args.overwrite and not _is_predictions(output):
         refusal = "exists and is not a CSV of predictions: choose another output=, or add " \
                   "overwrite=true to replace it"  # fmt: skip
-    elif not _writable(folder):
-        refusal = f"cannot be written: {folder} is not a folder you can write. Choose output= " \
-                  "in one you can"  # fmt: skip
     else:
-        return output
+        try:
+            probe_writable(folder)
+            return output
+        except OSError:
+            refusal = f"cannot be written: {folder} is not a folder you can write. Choose " \
+                      "output= in one you can"  # fmt: skip
     raise UserError(f"output={args.output} {refusal}.")
-
-
-def _writable(folder: Path) -> bool:
-    try:
-        probe_writable(folder)
-        return True
-    except OSError:
-        return False
 
 
 def _is_predictions(path: Path) -> bool:
@@ -123,7 +118,6 @@ def _is_predictions(path: Path) -> bool:
 
 
 def predict(args: PredictArgs) -> Path:
-    """Write the predictions CSV; return its path."""
     output = check_output(args)
     module, checkpoint = load_module(args.ckpt_path)
     data_cfg, state = data_state(checkpoint, args.ckpt_path)
@@ -141,7 +135,8 @@ def predict(args: PredictArgs) -> Path:
     overrides = {"batch_size": args.batch_size}
     if args.num_workers is not None:
         overrides["num_workers"] = args.num_workers
-    datamodule = instantiate_stored(data_cfg, args.ckpt_path, **overrides)
+    # load_module has checked the stored data config's targets.
+    datamodule = instantiate(data_cfg, _convert_="all", **overrides)
     datamodule.load_state_dict(state)
     datamodule.predict_input = args.input
     trainer.predict(module, datamodule=datamodule, return_predictions=False)

@@ -18,6 +18,7 @@ from kindling import cli
 from kindling.errors import UserError
 from kindling.files import write_atomically
 from kindling.run.job_record import JOB_FILE, RESULTS_FILE, TRIAL_FILE
+from kindling.run.provenance import key
 
 # Overrides that repeat a configuration rather than change it: averaged over.
 REPEAT_KEYS = ("seed", "data.fold")
@@ -42,11 +43,6 @@ class Report:
     jobs: list[Job]
     configurations: dict[tuple[str, ...], list[Job]]  # the overrides less REPEAT_KEYS, best first
     metrics: list[str]  # the optimized metric, then every test metric
-
-
-def key(override: str) -> str:
-    """`model.optimizer.lr` of `model.optimizer.lr=0.01` (also of `+key=...`, `~key`)."""
-    return override.split("=", 1)[0].lstrip("+~")
 
 
 def read_yaml(path: Path) -> Any:
@@ -240,7 +236,6 @@ def plot(report: Report, path: Path) -> bool:
 
 
 def write_report(*sweep_dirs: str | Path) -> str:
-    """Write the report of `sweep_dirs` into the first; return its Markdown."""
     report = build_report(*sweep_dirs)
     text = markdown(report)
     for name, rows in (("jobs.csv", job_rows(report)),
