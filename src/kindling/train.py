@@ -217,10 +217,9 @@ def build_trainer(
     trainer = build(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False)
     if trainer.world_size > 1 and HydraConfig.initialized():
         # Lightning starts the extra ranks: as runs of this job (a private part of Lightning).
-        from kindling.internals import install_hydra_rank_command
-        from kindling.run.hydra_ddp import child_rank_command
+        from kindling.run.hydra_ddp import start_ranks_as_this_job
 
-        install_hydra_rank_command(child_rank_command)
+        start_ranks_as_this_job()
     return trainer
 
 
