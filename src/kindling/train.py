@@ -233,7 +233,10 @@ def _check(cfg: DictConfig) -> str | None:
     for group in ("data", "callbacks", "logger", "trainer"):
         check_arguments(cfg.get(group), group)
     checks.check_accelerator(cfg.trainer)
-    checks.check_launched_processes(cfg.trainer)
+    if run_folder.launched():
+        from kindling.run.launched import check_launched_processes
+
+        check_launched_processes(cfg.trainer)
     checks.check_tracking_uri(cfg.get("logger"))
     if "batch_size" in cfg.data:
         per_device_batch_size(cfg.data.batch_size, checks.requested_world_size(cfg.trainer))
