@@ -11,7 +11,7 @@ with long_lived_imports():
     from omegaconf import DictConfig
 
     from kindling.errors import UserError
-    from kindling.run.run_folder import check_launch
+    from kindling.run.run_folder import launched
     from kindling.train import run
 
 
@@ -29,8 +29,11 @@ if __name__ == "__main__":
         from kindling.run.starting_checkpoint import with_checkpoint_overrides
 
         sys.argv[1:] = with_checkpoint_overrides(sys.argv[1:])
-    try:
-        check_launch()
-    except UserError as error:
-        sys.exit(str(error))  # one line on stderr, exit status 1
+    if launched():  # by torchrun or in a SLURM job (kindling/run/launched.py)
+        from kindling.run.launched import check_launch
+
+        try:
+            check_launch()  # before Hydra composes: the ranks must name one run folder
+        except UserError as error:
+            sys.exit(str(error))  # one line on stderr, exit status 1
     main()

@@ -8,7 +8,7 @@ import torch
 
 from kindling.config.instantiate import build, check_arguments
 from kindling.data.digits import DigitsDataModule
-from kindling.data.loaders import fold_split
+from kindling.data.folds import fold_split
 from kindling.errors import UserError
 
 from helpers import datamodule, make_folder

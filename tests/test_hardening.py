@@ -267,17 +267,20 @@ def test_a_patch_whose_lightning_target_changed_stops_with_the_version(monkeypat
     from lightning.pytorch.callbacks import ThroughputMonitor
 
     from kindling import internals
+    from kindling.callbacks.throughput import set_available_flops
+    from kindling.data.resumed_loader import continue_training_loader
+    from kindling.run.hydra_ddp import check_hydra_launchers
 
     breaks, names = BROKEN_INTERNALS[case]
 
     def check_all() -> None:
         trainer = lightning.Trainer(logger=False, enable_progress_bar=False)
-        internals.check_hydra_launchers()
+        check_hydra_launchers()
         internals.check_sampler_epoch()
         # Each use checks first; on a Trainer that has not started, none has work to do.
-        assert internals.continue_training_loader(trainer, [], lambda loader, state: state)
+        assert continue_training_loader(trainer, [])
         internals.set_sigterm_received(trainer, False)
-        internals.set_available_flops(ThroughputMonitor(batch_size_fn=len), 1.0)
+        set_available_flops(ThroughputMonitor(batch_size_fn=len), 1.0)
         assert internals.epoch_end_row(trainer) is None
 
     check_all()  # the installed Lightning passes

@@ -14,8 +14,9 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, open_dict
 from omegaconf.errors import InterpolationResolutionError
 
-from kindling import train_checks as checks
+from kindling.errors import UserError
 from kindling.run import run_folder
+from kindling.run.launched import check_launched_processes
 from kindling.train import run
 
 from helpers import CONFIG_DIR, PYTHON, QUIET, ROOT, TESTS, free_port
@@ -58,7 +59,7 @@ def test_num_nodes_that_torchrun_did_not_start_is_one_line(
     # What torchrun started, asked for: no error.
     with open_dict(cfg):
         cfg.trainer.num_nodes = 2
-    checks.check_launched_processes(cfg.trainer)
+    check_launched_processes(cfg.trainer)
 
 
 def test_num_nodes_that_srun_did_not_start_is_one_line(compose_config, monkeypatch) -> None:
@@ -70,13 +71,13 @@ def test_num_nodes_that_srun_did_not_start_is_one_line(compose_config, monkeypat
     }.items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
-    with pytest.raises(checks.UserError, match=r"Set trainer.num_nodes=4 trainer.devices=2\.$"):
-        checks.check_launched_processes(cfg.trainer)
+    with pytest.raises(UserError, match=r"Set trainer.num_nodes=4 trainer.devices=2\.$"):
+        check_launched_processes(cfg.trainer)
     monkeypatch.setenv("SLURM_NNODES", "2")
-    with pytest.raises(checks.UserError, match=r"srun started 2 x 4 .* trainer.devices=4\.$"):
-        checks.check_launched_processes(cfg.trainer)
+    with pytest.raises(UserError, match=r"srun started 2 x 4 .* trainer.devices=4\.$"):
+        check_launched_processes(cfg.trainer)
     monkeypatch.setenv("SLURM_NTASKS", "4")
-    checks.check_launched_processes(cfg.trainer)
+    check_launched_processes(cfg.trainer)
 
 
 def test_the_slurm_launcher_asks_for_the_trainers_nodes_and_devices() -> None:

@@ -16,7 +16,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import OmegaConf
 
 from kindling.errors import UserError
-from kindling.run import run_folder
+from kindling.run import launched, run_folder
 from kindling.train import run
 
 from helpers import CONFIG_DIR, PYTHON, QUIET, copy_run, error_lines, start_train_py, train_py
@@ -173,7 +173,7 @@ def test_runs_in_one_slurm_job_step_get_a_folder_each_and_take_them_back_when_re
     assert folder(["model=cnn"], restart=1) == "slurm-4242-2"
     assert folder(["model=cnn"], restart=1, SLURM_STEP_ID="0") == "slurm-4242.0"
     slurm_task(monkeypatch, [], SLURM_ARRAY_JOB_ID="4200", SLURM_ARRAY_TASK_ID="3")
-    assert run_folder.slurm_name() == "slurm-4200_3"
+    assert launched.slurm_name() == "slurm-4200_3"
 
 
 def composed(*overrides: str):

@@ -29,9 +29,10 @@ import kindling
 from kindling import cli
 from kindling.config import resolvers  # noqa: F401 - importing registers the resolvers
 from kindling.config.instantiate import build, check_arguments
-from kindling.data.loaders import SPLITS, default_num_workers
+from kindling.data.loaders import SPLITS
 from kindling.data.sequences import Sequences
 from kindling.data.streaming import FORMAT, IMAGES, METADATA_FILE, SEQUENCES, is_remote
+from kindling.data.workers import default_num_workers
 from kindling.errors import UserError
 from kindling.garbage_collection import skip_collections_at_exit
 

@@ -217,10 +217,9 @@ def build_trainer(
     trainer = build(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False)
     if trainer.world_size > 1 and HydraConfig.initialized():
         # Lightning starts the extra ranks: as runs of this job (a private part of Lightning).
-        from kindling.internals import install_hydra_rank_command
-        from kindling.run.hydra_ddp import child_rank_command
+        from kindling.run.hydra_ddp import start_ranks_as_this_job
 
-        install_hydra_rank_command(child_rank_command)
+        start_ranks_as_this_job()
     return trainer
 
 
@@ -234,8 +233,15 @@ def _check(cfg: DictConfig) -> str | None:
     for group in ("data", "callbacks", "logger", "trainer"):
         check_arguments(cfg.get(group), group)
     checks.check_accelerator(cfg.trainer)
-    checks.check_launched_processes(cfg.trainer)
-    checks.check_tracking_uri(cfg.get("logger"))
+    if run_folder.launched():
+        from kindling.run.launched import check_launched_processes
+
+        check_launched_processes(cfg.trainer)
+    loggers = [entry for entry in (cfg.get("logger") or {}).values() if entry is not None]
+    if any(not str(entry.get("_target_")).endswith("CSVLogger") for entry in loggers):  # a tracker
+        from kindling.loggers.trackers import check_tracking_uri
+
+        check_tracking_uri(cfg.get("logger"))
     if "batch_size" in cfg.data:
         per_device_batch_size(cfg.data.batch_size, checks.requested_world_size(cfg.trainer))
     if cfg.get("ckpt_path") is not None:

@@ -1,12 +1,12 @@
 """What `kindling.train` checks before anything is built, beyond each object's arguments: that
-the model fits the data, the machine, the launch, a tracker's store (the checkpoint:
-`kindling.run.starting_checkpoint`). Each fails with one line and the fix."""
+the model fits the data and the machine (the launch: `kindling.run.launched`; a tracker's store:
+`kindling.loggers.trackers`; the checkpoint: `kindling.run.starting_checkpoint`). Each fails with
+one line and the fix."""
 
 import os
 
 import torch
 from hydra.core.hydra_config import HydraConfig
-from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
 from omegaconf import DictConfig, ListConfig
 
 from kindling.errors import UserError
@@ -86,42 +86,3 @@ def check_accelerator(trainer: DictConfig) -> None:
         )
     if accelerator == "mps" and not torch.backends.mps.is_available():
         raise UserError("trainer.accelerator=mps but MPS is not available. Use trainer=cpu.")
-
-
-def check_launched_processes(trainer: DictConfig) -> None:
-    """`trainer.num_nodes` x `trainer.devices` are the processes srun or torchrun started:
-    otherwise the ranks wait for processes that never come."""
-    env = os.environ
-    if SLURMEnvironment.detect():
-        launcher, nodes = "srun", int(env.get("SLURM_NNODES", "1"))
-        per_node = int(env["SLURM_NTASKS"]) // nodes
-    elif TorchElasticEnvironment.detect():
-        launcher, nodes = "torchrun", int(env.get("GROUP_WORLD_SIZE", "1"))
-        per_node = int(env["LOCAL_WORLD_SIZE"])
-    else:
-        return
-    num_nodes = int(trainer.get("num_nodes", 1))
-    devices = requested_world_size(trainer) // num_nodes
-    if (num_nodes, devices) != (nodes, per_node):
-        raise UserError(
-            f"trainer.num_nodes={num_nodes} and trainer.devices={trainer.get('devices')} ask for "
-            f"{num_nodes} x {devices} processes, but {launcher} started {nodes} x {per_node} "
-            f"(nodes x processes per node). Set trainer.num_nodes={nodes} "
-            f"trainer.devices={per_node}."
-        )
-
-
-def check_tracking_uri(loggers: DictConfig | None) -> None:
-    """MLflow with neither a tracking URI nor a folder falls back to a store MLflow 3 refuses."""
-    for name, entry in (loggers or {}).items():
-        if (
-            entry is not None
-            and str(entry.get("_target_", "")).endswith("MLFlowLogger")
-            and entry.get("tracking_uri") is entry.get("save_dir") is None
-            and not os.environ.get("MLFLOW_TRACKING_URI")
-        ):
-            raise UserError(
-                f"logger.{name}.tracking_uri is null and MLFLOW_TRACKING_URI is not set: set one, "
-                f"e.g. logger.{name}.tracking_uri=http://<host>:5000 (a server) or "
-                f"sqlite:///logs/mlflow.db (a file)."
-            )

@@ -11,7 +11,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 
-from kindling.internals import continue_training_loader, epoch_end_row  # private to Lightning
+from kindling.internals import epoch_end_row  # a private part of Lightning
 
 
 def rng_states() -> dict[str, Any]:
@@ -82,7 +82,9 @@ class ResumeExactly(Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._loader_states:
-            if not continue_training_loader(trainer, self._loader_states, _as_loader_takes):
+            from kindling.data.resumed_loader import continue_training_loader
+
+            if not continue_training_loader(trainer, self._loader_states):
                 rank_zero_info(
                     "The checkpoint's training batches were served another way (from tensors on "
                     "the device, or by a DataLoader; data.on_device=auto decides by the device): "
@@ -92,28 +94,3 @@ class ResumeExactly(Callback):
         if self._rng is not None:
             set_rng_states(self._rng)
             self._rng = None
-
-
-def _as_loader_takes(loader: object, state: dict[str, Any]) -> dict[str, Any] | None:
-    """`state` as `loader` takes it; None if the other kind of loader saved it."""
-    from torchdata.stateful_dataloader import StatefulDataLoader
-
-    from kindling.data.device_loader import DeviceTensorLoader
-
-    if isinstance(loader, DeviceTensorLoader) != ({"seed", "epoch"} <= state.keys()):
-        return None
-    # torchdata's private layout, read because it refuses a state of another worker count and has
-    # no public way to load the sampler's part (meta-pytorch/data#1260); a changed layout reads
-    # as no sampler state, and the state then goes in whole.
-    main = state["_snapshot"]["_main_snapshot"] if "_snapshot" in state else state
-    sampler_state = (main.get("_sampler_iter_state") or {}).get("sampler_state")
-    sampler = getattr(loader, "sampler", None)
-    if (
-        isinstance(loader, StatefulDataLoader)
-        and main.get("_num_workers", 0) != loader.num_workers
-        and sampler_state is not None
-        and hasattr(sampler, "load_state_dict")
-    ):
-        sampler.load_state_dict(sampler_state)  # the workers' random draws start afresh
-        return {}  # StatefulDataLoader.load_state_dict({}) changes nothing
-    return state

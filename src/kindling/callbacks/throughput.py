@@ -6,10 +6,12 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.fabric.utilities.throughput import measure_flops
+from lightning.fabric.utilities.throughput import Throughput, measure_flops
 from lightning.pytorch.callbacks import ThroughputMonitor
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
+
+from kindling.internals import require
 
 
 def tensor_peaks(half: float, tf32: float, fp32: float) -> dict[torch.dtype | str, float]:
@@ -58,8 +60,6 @@ class ThroughputWithMFU(ThroughputMonitor):
             dtype = "tfloat32"
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
         if (peak := PEAK_FLOPS.get(name, {}).get(dtype)) is not None:
-            from kindling.internals import set_available_flops  # a private part of Lightning
-
             set_available_flops(self, peak)
             tflops = f"{peak / 1e12:.1f} TFLOP/s"
             rank_zero_info(f"Peak of {name} at {dtype}: {tflops} (kindling's table)")
@@ -85,3 +85,14 @@ def count_flops(pl_module: L.LightningModule, batch: Any) -> int:
     model = copy.deepcopy(pl_module, memo)
     meta_inputs = torch.empty(inputs.shape, dtype=inputs.dtype, device="meta")
     return measure_flops(model, lambda: model(meta_inputs), loss_fn=torch.Tensor.sum)
+
+
+def set_available_flops(monitor: ThroughputMonitor, flops: float) -> None:
+    """Have a set-up `monitor` compute MFU over a peak of `flops` FLOP/s (a private part of
+    Lightning: its meters)."""
+    meters = getattr(monitor, "_throughputs", None)
+    meters_ok = isinstance(meters, dict) and all(isinstance(m, Throughput) for m in meters.values())
+    require(meters_ok, "ThroughputMonitor._throughputs")
+    monitor.available_flops = flops
+    for meter in meters.values():
+        meter.available_flops = flops

@@ -35,53 +35,6 @@ def per_device_batch_size(batch_size: int, world_size: int) -> int:
     return batch_size // world_size
 
 
-def default_num_workers(processes_per_node: int) -> int:
-    """The CPUs this process may run on (taskset, cgroups, SLURM), shared by this machine's
-    processes."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS, Windows
-        cpus = os.cpu_count() or 1
-    return max(1, cpus // max(1, processes_per_node))
-
-
-def check_folds(folds: int | None, fold: int | None) -> None:
-    """Refuse a fold setting that picks no single validation fold (`data.folds`, `data.fold`)."""
-    if folds is None and fold is None:
-        return
-    if folds is None:
-        raise UserError(f"data.fold={fold} needs the number of folds: add data.folds=K (e.g. 5).")
-    if folds < 2:
-        raise UserError(
-            f"data.folds={folds}: cross-validation needs a whole number of folds, >= 2."
-        )
-    last = folds - 1
-    if fold is None:
-        raise UserError(
-            f"data.folds={folds} needs the validation fold: data.fold=0..{last} "
-            f"(all of them: -m data.fold={','.join(map(str, range(folds)))})."
-        )
-    if not 0 <= fold < folds:
-        raise UserError(f"data.fold={fold} is out of range for data.folds={folds}: use 0..{last}.")
-
-
-def fold_split(
-    labels: torch.Tensor, folds: int, fold: int, seed: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """`(train, val)` indices into `labels`: val is fold `fold` of `folds`, train the others.
-
-    Shuffled with `seed`, grouped by class and dealt out in turn: the folds are disjoint, cover
-    every sample, and differ in size, and in each class's count, by at most one (stratified).
-    """
-    if len(labels) < folds:
-        raise UserError(f"Only {len(labels)} training samples: too few for data.folds={folds}.")
-    order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))
-    by_class = order[torch.sort(labels[order], stable=True).indices]
-    assigned = torch.empty(len(labels), dtype=torch.long)
-    assigned[by_class] = torch.arange(len(labels)) % folds
-    return (assigned != fold).nonzero().squeeze(1), (assigned == fold).nonzero().squeeze(1)
-
-
 def split_off(
     labels: torch.Tensor,
     fraction: float,
@@ -94,11 +47,13 @@ def split_off(
     """`(rest, held out)` indices into `labels`, each ascending: fold `fold` of `folds` when
     given (`fold_split`), else a seeded `fraction` of the samples (at least one); `stratify`
     keeps each class's share, as fold 0 of `round(1 / fraction)` folds does."""
-    if folds is not None:
-        return fold_split(labels, folds, fold, seed)
     count = len(labels)
-    if stratify:
-        return fold_split(labels, max(2, min(round(1 / fraction), count)), 0, seed)
+    if folds is not None or stratify:
+        from kindling.data.folds import fold_split
+
+        if folds is None:
+            folds, fold = max(2, min(round(1 / fraction), count)), 0
+        return fold_split(labels, folds, fold, seed)
     held = max(1, round(count * fraction))
     if held >= count:
         raise UserError(
@@ -201,7 +156,10 @@ class SplitDataModule(L.LightningDataModule):
         per_device_batch_size(hp.batch_size, 1)
         if "val_fraction" in hp and not 0.0 < hp.val_fraction < 1.0:
             raise UserError(f"data.val_fraction must be between 0 and 1, got {hp.val_fraction}.")
-        check_folds(hp.get("folds"), hp.get("fold"))
+        if hp.get("folds") is not None or hp.get("fold") is not None:
+            from kindling.data.folds import check_folds
+
+            check_folds(hp.get("folds"), hp.get("fold"))
 
     def setup(self, stage: str | None = None) -> None:
         if stage == "predict" and self.predict_input not in PREDICT_SPLITS:
@@ -238,6 +196,8 @@ class SplitDataModule(L.LightningDataModule):
     def num_workers(self) -> int:
         if self.hparams.num_workers is not None:
             return self.hparams.num_workers
+        from kindling.data.workers import default_num_workers
+
         return default_num_workers(self.trainer.num_devices if self.trainer is not None else 1)
 
     def training_sampler(

@@ -1,5 +1,5 @@
-"""What the processes of a data loader's workers need: to leave stop signals to the main
-process, and to be ended when it exits (imported where a loader has workers)."""
+"""A data loader's worker processes: how many by default, what they need (to leave stop signals
+to the main process, to be ended when it exits); imported where a loader has workers."""
 
 import atexit
 import multiprocessing
@@ -7,6 +7,16 @@ import os
 import signal
 
 from lightning.fabric.utilities.seed import pl_worker_init_function
+
+
+def default_num_workers(processes_per_node: int) -> int:
+    """The CPUs this process may run on (taskset, cgroups, SLURM), shared by this machine's
+    processes."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        cpus = os.cpu_count() or 1
+    return max(1, cpus // max(1, processes_per_node))
 
 
 def leave_stop_signals_to_the_main_process(worker_id: int, rank: int) -> None:

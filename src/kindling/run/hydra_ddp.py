@@ -1,13 +1,38 @@
 """Make Lightning's DDP launcher and Hydra agree: one run folder per job, every job run once.
 Lightning starts ranks 1..N-1 by running the entry script again with `sys.argv`: under a
 multirun each would run the whole sweep, in folders of its own. Loaded by multi-device runs,
-which hand `child_rank_command` to Lightning's launchers (kindling.internals)."""
+which hand `child_rank_command` to Lightning's launchers (a private part of Lightning)."""
 
+import inspect
 import sys
 from collections.abc import Sequence
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import get_original_cwd, to_absolute_path
+from lightning.fabric.strategies.launchers import subprocess_script as fabric_launcher
+from lightning.pytorch.strategies.launchers import subprocess_script as pytorch_launcher
+
+from kindling.internals import code_names, require
+
+
+def check_hydra_launchers() -> None:
+    for module in (pytorch_launcher, fabric_launcher):
+        target = f"{module.__name__}._hydra_subprocess_cmd(local_rank)"
+        command = getattr(module, "_hydra_subprocess_cmd", None)
+        arguments = [*inspect.signature(command).parameters] if callable(command) else None
+        require(arguments == ["local_rank"], target)
+        # Replacing the function works only while the launcher looks it up by name.
+        starts = getattr(module._SubprocessScriptLauncher, "_call_children_scripts", None)
+        caller = "_SubprocessScriptLauncher._call_children_scripts"
+        require("_hydra_subprocess_cmd" in code_names(starts), f"{target}, called by {caller}")
+
+
+def start_ranks_as_this_job() -> None:
+    """Have Lightning's launchers (Trainer and Fabric) start extra ranks with
+    `child_rank_command`."""
+    check_hydra_launchers()
+    for module in (pytorch_launcher, fabric_launcher):
+        module._hydra_subprocess_cmd = child_rank_command
 
 
 def child_rank_command(local_rank: int) -> tuple[Sequence[str], str]:

@@ -23,7 +23,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig
 
 from kindling.files import write_atomically
-from kindling.run.run_folder import claim, launch
+from kindling.run.run_folder import claim, launched
 
 log = logging.getLogger(__name__)
 
@@ -96,8 +96,11 @@ class MultirunReport(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         claim(config.hydra.sweep.dir)  # a SLURM job's, named by run_folder.sweep_folder
-        if launch()[0] != 0:
-            return
+        if launched():
+            from kindling.run.launched import launch
+
+            if launch()[0] != 0:
+                return
         self.sweep_dir = Path(config.hydra.sweep.dir)
         # Hydra's basic sweeper raises the first failed job's error once all jobs have run, and
         # then skips on_multirun_end: such a multirun (or one stopped by Ctrl-C) reports at exit.

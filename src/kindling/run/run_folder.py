@@ -9,7 +9,8 @@ the first's.
 - SLURM (also under torchrun): `slurm-<job id>[_<array task>][.<step>]`, the same in every task
   and every start of a requeued job, which so takes back its `hpc_ckpt_*.ckpt`; several runs of
   one job step take `-1`, `-2`, ... (`slurm.py`). Naming only reads; the run `claim`s its folder
-  when it starts (`kindling.train`, and a multirun's in `job_record.MultirunReport`).
+  when it starts (`kindling.train`, and a multirun's in `job_record.MultirunReport`). Both are
+  named in `launched.py`, which only such runs load.
 
 One run folder, one writer: two resumes of one run would interleave their epochs in metrics.csv.
 Global rank 0 holds `flock` on `<run folder>/.lock`, which the system releases however the
@@ -41,6 +42,8 @@ except ImportError:  # Windows
 
 log = logging.getLogger(__name__)
 
+LAUNCHED_BY = ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID")  # torchrun, SLURM
+
 
 def run_stamp() -> str:
     """The date and time and a random suffix, `2026-11-23_14-35-30_3fa2c1d0`: unique on its own."""
@@ -60,20 +63,25 @@ def sweep_folder(log_dir: str, task_name: str) -> str:
 
 
 def _new_folder(parent: Path) -> Path:
-    name = slurm_name()
-    if name is None:
-        return parent / (torchrun_name() or run_stamp())
-    from kindling.run.slurm import job_folder
+    if not launched():
+        return parent / run_stamp()
+    from kindling.run.launched import new_folder
 
-    return job_folder(parent, name)
+    return new_folder(parent)
+
+
+def launched() -> bool:
+    """Whether torchrun started this process or it runs in a SLURM job: the launch names its run
+    folder (`kindling.run.launched`)."""
+    return any(name in os.environ for name in LAUNCHED_BY)
 
 
 def claim(folder: str | Path) -> None:
-    """Take a SLURM run folder for this command and rank (`slurm.claim`); elsewhere nothing."""
-    if slurm_name() is not None:
-        from kindling.run import slurm
+    """Take a SLURM run folder for this command and rank (`launched.claim`); elsewhere nothing."""
+    if launched():
+        from kindling.run.launched import claim
 
-        slurm.claim(folder)
+        claim(folder)
 
 
 _held: dict[Path, int] = {}  # the lock's file descriptor of each folder this process holds
@@ -116,46 +124,6 @@ def release(folder: str | Path) -> None:
     fd = _held.pop(Path(folder).resolve(), None)
     if fd is not None:
         os.close(fd)  # closing the file releases its lock
-
-
-def slurm_name() -> str | None:
-    """`slurm-<job id>[_<array task>][.<step>]` inside a SLURM job, else None."""
-    job = os.environ.get("SLURM_ARRAY_JOB_ID") or os.environ.get("SLURM_JOB_ID")
-    if job is None:
-        return None
-    task, step = os.environ.get("SLURM_ARRAY_TASK_ID"), os.environ.get("SLURM_STEP_ID")
-    return f"slurm-{job}" + (f"_{task}" if task else "") + (f".{step}" if step else "")
-
-
-def torchrun_name() -> str | None:
-    """`torchrun-<run id>[-<restart>]` in a process torchrun started, else None."""
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
-    if run_id is None:
-        return None
-    if run_id == "none":
-        raise UserError(
-            "torchrun started this run without an id of its own (--rdzv-id), so its processes "
-            "cannot name one run folder. Give each launch its own: torchrun --standalone on one "
-            "node, or --rdzv-id=<a new id, e.g. the job id> on every node."
-        )
-    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    return f"torchrun-{run_id}" + (f"-{restart}" if restart != "0" else "")
-
-
-def check_launch() -> None:
-    """Refuse, before Hydra composes, a launch whose ranks cannot name one run folder."""
-    if slurm_name() is None:
-        torchrun_name()
-
-
-def launch() -> tuple[int, int]:
-    """This process's rank and the number of processes of its launch (torchrun's or srun's)."""
-    env = os.environ
-    if "TORCHELASTIC_RUN_ID" in env:
-        return int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1"))
-    if "SLURM_STEP_ID" in env:  # a task of `srun`; a batch script's own processes are lone
-        return int(env.get("SLURM_PROCID", "0")), int(env.get("SLURM_STEP_NUM_TASKS", "1"))
-    return 0, 1
 
 
 def run_dir(log_dir: str, task_name: str, *, _root_: Any) -> str:

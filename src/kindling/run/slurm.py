@@ -10,7 +10,7 @@ import sys
 from contextlib import suppress
 from pathlib import Path
 
-from kindling.run.run_folder import launch
+from kindling.run.launched import launch
 
 OWNER_DIR = ".slurm"  # in a SLURM run folder: its command line, and who claimed it when
 
