@@ -237,11 +237,7 @@ def _check(cfg: DictConfig) -> str | None:
         from kindling.run.launched import check_launched_processes
 
         check_launched_processes(cfg.trainer)
-    loggers = [entry for entry in (cfg.get("logger") or {}).values() if entry is not None]
-    if any(not str(entry.get("_target_")).endswith("CSVLogger") for entry in loggers):  # a tracker
-        from kindling.loggers.trackers import check_tracking_uri
-
-        check_tracking_uri(cfg.get("logger"))
+    checks.check_tracking_uri(cfg.get("logger"))
     if "batch_size" in cfg.data:
         per_device_batch_size(cfg.data.batch_size, checks.requested_world_size(cfg.trainer))
     if cfg.get("ckpt_path") is not None:

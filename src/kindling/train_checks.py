@@ -1,7 +1,6 @@
 """What `kindling.train` checks before anything is built, beyond each object's arguments: that
-the model fits the data and the machine (the launch: `kindling.run.launched`; a tracker's store:
-`kindling.loggers.trackers`; the checkpoint: `kindling.run.starting_checkpoint`). Each fails with
-one line and the fix."""
+the model fits the data, the machine, a tracker's store (the launch: `kindling.run.launched`; the
+checkpoint: `kindling.run.starting_checkpoint`). Each fails with one line and the fix."""
 
 import os
 
@@ -86,3 +85,19 @@ def check_accelerator(trainer: DictConfig) -> None:
         )
     if accelerator == "mps" and not torch.backends.mps.is_available():
         raise UserError("trainer.accelerator=mps but MPS is not available. Use trainer=cpu.")
+
+
+def check_tracking_uri(loggers: DictConfig | None) -> None:
+    """MLflow with neither a tracking URI nor a folder falls back to a store MLflow 3 refuses."""
+    for name, entry in (loggers or {}).items():
+        if (
+            entry is not None
+            and str(entry.get("_target_", "")).endswith("MLFlowLogger")
+            and entry.get("tracking_uri") is entry.get("save_dir") is None
+            and not os.environ.get("MLFLOW_TRACKING_URI")
+        ):
+            raise UserError(
+                f"logger.{name}.tracking_uri is null and MLFLOW_TRACKING_URI is not set: set one, "
+                f"e.g. logger.{name}.tracking_uri=http://<host>:5000 (a server) or "
+                f"sqlite:///logs/mlflow.db (a file)."
+            )

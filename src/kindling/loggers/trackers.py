@@ -5,7 +5,6 @@ by runs that have one (the CSV logger alone is the run's own record)."""
 
 import functools
 import logging
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -20,22 +19,6 @@ log = logging.getLogger(__name__)
 
 # The Logger methods through which Lightning and kindling write to a tracker.
 WRITES = "log_hyperparams", "log_metrics", "log_graph", "save", "finalize", "after_save_checkpoint"
-
-
-def check_tracking_uri(loggers: DictConfig | None) -> None:
-    """MLflow with neither a tracking URI nor a folder falls back to a store MLflow 3 refuses."""
-    for name, entry in (loggers or {}).items():
-        if (
-            entry is not None
-            and str(entry.get("_target_", "")).endswith("MLFlowLogger")
-            and entry.get("tracking_uri") is entry.get("save_dir") is None
-            and not os.environ.get("MLFLOW_TRACKING_URI")
-        ):
-            raise UserError(
-                f"logger.{name}.tracking_uri is null and MLFLOW_TRACKING_URI is not set: set one, "
-                f"e.g. logger.{name}.tracking_uri=http://<host>:5000 (a server) or "
-                f"sqlite:///logs/mlflow.db (a file)."
-            )
 
 
 def start(
