@@ -25,17 +25,7 @@ class TimmClassifier(nn.Module):
 
     `head` is the classifier layer, the rest is the backbone: `Classifier` gives the backbone
     its own learning rate and can freeze it (`backbone_lr_ratio`, `freeze_backbone_epochs`).
-
-    Args:
-        name: a timm model name (`timm.list_models()`), e.g. `resnet18`, `convnext_tiny`.
-        image_shape: `[C, H, W]` of the input images.
-        num_classes: outputs of the new head.
-        pretrained: load pretrained weights.
-        pretrained_file: a local weights file (implies `pretrained`); null: timm's source.
-        drop_rate: dropout before the head.
-        drop_path_rate: stochastic depth, for the families that have it.
-        model_args: any further keyword of the timm model (`{global_pool: avg}`).
-    """
+    The other arguments: configs/model/timm.yaml."""
 
     def __init__(
         self,
@@ -83,7 +73,6 @@ class TimmClassifier(nn.Module):
 
     @property
     def head(self) -> nn.Module:
-        """The classifier layer; every other parameter belongs to the backbone."""
         return self.model.get_classifier()
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
