@@ -46,11 +46,8 @@ class Classifier(BaseModule):
             self.example_input_array = torch.zeros(1, *example_input_shape)
 
     def forward(self, inputs: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
-        if lengths is not None:
-            return self.net(inputs, lengths)
-        if self.hparams.channels_last:
-            inputs = inputs.contiguous(memory_format=torch.channels_last)
-        return self.net(inputs)
+        # A channels_last net needs no NHWC inputs: a convolution computes in its weight's layout.
+        return self.net(inputs) if lengths is None else self.net(inputs, lengths)
 
     def setup(self, stage: str) -> None:
         # The summary runs the example past the FSDP root, which FSDP refuses ("Non-root FSDP
