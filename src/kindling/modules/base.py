@@ -12,8 +12,6 @@ from torchmetrics import MeanMetric, Metric
 
 from kindling.errors import UserError
 
-OptimizerFactory = Callable[..., torch.optim.Optimizer]
-SchedulerFactory = Callable[..., torch.optim.lr_scheduler.LRScheduler]
 STAGES = ("train", "val", "test")
 
 
@@ -27,8 +25,8 @@ class BaseModule(L.LightningModule):
 
     def __init__(
         self,
-        optimizer: OptimizerFactory,
-        scheduler: SchedulerFactory | None = None,
+        optimizer: Callable[..., torch.optim.Optimizer],
+        scheduler: Callable[..., torch.optim.lr_scheduler.LRScheduler] | None = None,
         scheduler_interval: Literal["epoch", "step"] = "epoch",
         compile: bool = False,
         compile_mode: str | None = None,

@@ -14,9 +14,6 @@ from kindling.data.text import Vocabulary
 from kindling.errors import UserError
 from kindling.modules.base import BaseModule
 
-NetFactory = Callable[..., nn.Module]  # takes vocab_size=
-Batch = tuple[torch.Tensor, torch.Tensor]  # input ids (B, T), target ids (B, T)
-
 SAMPLES_FILE = "samples.txt"
 
 
@@ -32,7 +29,7 @@ class LanguageModel(BaseModule):
 
     def __init__(
         self,
-        net: NetFactory,
+        net: Callable[..., nn.Module],
         sample_prompt: str = "\n",
         sample_length: int = 300,
         sample_temperature: float = 0.8,
@@ -87,8 +84,8 @@ class LanguageModel(BaseModule):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.net(tokens)
 
-    def shared_step(self, stage: str, batch: Batch) -> dict[str, torch.Tensor]:
-        tokens, targets = batch
+    def shared_step(self, stage: str, batch: tuple[torch.Tensor, ...]) -> dict[str, torch.Tensor]:
+        tokens, targets = batch  # ids (B, T)
         logits = self(tokens)
         # Each token's loss: the epoch metrics average tokens, not batches.
         losses = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none")
