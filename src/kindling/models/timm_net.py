@@ -46,13 +46,11 @@ class TimmClassifier(nn.Module):
             kwargs["drop_path_rate"] = drop_path_rate
         if timm.get_pretrained_cfg(name, allow_unregistered=True).fixed_input_size:
             kwargs.setdefault("img_size", tuple(image_shape[1:]))
-        if pretrained_file is not None:
-            if not Path(pretrained_file).is_file():
-                raise UserError(
-                    f"model.net.pretrained_file={pretrained_file} is not a file. Give a "
-                    "state_dict saved with torch.save(model.state_dict(), path)."
-                )
-            kwargs["pretrained_cfg_overlay"] = {"file": str(pretrained_file)}
+        if pretrained_file is not None and not Path(pretrained_file).is_file():
+            raise UserError(
+                f"model.net.pretrained_file={pretrained_file} is not a file. Give a "
+                "state_dict saved with torch.save(model.state_dict(), path)."
+            )
         pretrained = pretrained or pretrained_file is not None
         try:
             self.model = timm.create_model(
@@ -61,6 +59,7 @@ class TimmClassifier(nn.Module):
                 num_classes=num_classes,
                 in_chans=image_shape[0],
                 drop_rate=drop_rate,
+                pretrained_cfg_overlay={"file": str(pretrained_file)} if pretrained_file else None,
                 **kwargs,
             )
         except OSError as error:  # the hub's errors (no network, no such file) are OSErrors
