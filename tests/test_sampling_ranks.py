@@ -14,7 +14,7 @@ import torch.multiprocessing as mp
 from kindling.data.text import Vocabulary
 from kindling.models.blocks import TransformerBlock
 from kindling.models.language_models import TransformerLanguageModel
-from kindling.modules.language_model import SAMPLES_FILE, LanguageModel, full_parameters
+from kindling.modules.language_model import SAMPLES_FILE, LanguageModel
 
 from helpers import TESTS, TINY_CORPUS, free_port, tiny_experiment, train_py
 
@@ -45,7 +45,7 @@ def sample_under_fsdp(rank: int, port: int, folder: Path) -> None:
     sharded(tokens).sum().backward()  # a training step leaves every weight sharded
     with torch.no_grad():
         sharded.eval()(tokens)  # a validation step
-    with full_parameters(sharded):
+    with FullyShardedDataParallel.summon_full_params(sharded, writeback=False):
         text = module.sample("Flat", 30, seed=1)
     (folder / f"rank{rank}.txt").write_text(text)
     dist.destroy_process_group()

@@ -64,14 +64,12 @@ class MaskedBatchNorm(nn.BatchNorm1d):
     """Batch norm of `(B, T, C)` steps whose statistics count real steps only; padding stays 0."""
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        if mask is None:
-            return super().forward(x.flatten(0, 1)).view_as(x)
-        if not self.training and self.running_mean is not None:
+        if mask is None or (not self.training and self.running_mean is not None):
             # Running statistics normalise each step alone: every step at once gives the real
             # steps' values without gathering them, a graph of fixed sizes that torch.export and
             # ONNX trace (`x[mask]` has a size that depends on the data).
             normalised = super().forward(x.flatten(0, 1)).view_as(x)
-            return normalised.masked_fill(~mask.unsqueeze(-1), 0.0)
+            return normalised if mask is None else normalised.masked_fill(~mask.unsqueeze(-1), 0)
         out = torch.zeros_like(x)
         out[mask] = super().forward(x[mask])
         return out

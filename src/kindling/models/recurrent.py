@@ -117,15 +117,13 @@ class UnpackedRecurrent(nn.Module):
         # Position t of a sequence reversed within its length; padding keeps its place.
         reverse = torch.where(positions < ends, ends - 1 - positions, positions).unsqueeze(-1)
         last = (ends - 1).clamp_min(0).unsqueeze(-1)  # (B, 1, 1): each last real step
-        suffixes = ("", "_reverse") if rnn.bidirectional else ("",)
+        directions = 2 if rnn.bidirectional else 1
         x = steps
         for layer in range(rnn.num_layers):
             outputs, finals = [], []
-            for suffix in suffixes:
-                backward = suffix == "_reverse"
+            for backward in range(directions):
                 inputs = x.gather(1, reverse.expand(-1, -1, x.shape[-1])) if backward else x
-                weights = [getattr(rnn, f"{name}_l{layer}{suffix}", None) for name in
-                           ("weight_ih", "weight_hh", "bias_ih", "bias_hh")]  # fmt: skip
+                weights = rnn.all_weights[layer * directions + backward]
                 out = _recurrence(rnn.mode, inputs, *weights)
                 index = last.expand(-1, -1, out.shape[-1])
                 # The backward state after reading back to the first step: reversed, the last.
@@ -139,9 +137,9 @@ class UnpackedRecurrent(nn.Module):
         return self.net.head(torch.cat(finals, dim=-1).squeeze(1))
 
 
-def _recurrence(mode: str, inputs: torch.Tensor, *weights: torch.Tensor | None) -> torch.Tensor:
+def _recurrence(mode: str, inputs: torch.Tensor, *weights: torch.Tensor) -> torch.Tensor:
     """One layer and direction of an `nn.RNNBase` of `mode` over `inputs` `(B, T, F)` from zero
-    states, with its `weight_ih, weight_hh, bias_ih, bias_hh`: the hidden state after each step,
+    states, with its weights (`weight_ih, weight_hh`, biases): the hidden state after each step,
     `(B, T, hidden)`. torch.while_loop traces its body, and not nn.RNN modules: plain values."""
     batch, length, _ = inputs.shape
     zeros = inputs.new_zeros(batch, weights[1].shape[1])

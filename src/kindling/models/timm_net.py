@@ -25,17 +25,7 @@ class TimmClassifier(nn.Module):
 
     `head` is the classifier layer, the rest is the backbone: `Classifier` gives the backbone
     its own learning rate and can freeze it (`backbone_lr_ratio`, `freeze_backbone_epochs`).
-
-    Args:
-        name: a timm model name (`timm.list_models()`), e.g. `resnet18`, `convnext_tiny`.
-        image_shape: `[C, H, W]` of the input images.
-        num_classes: outputs of the new head.
-        pretrained: load pretrained weights.
-        pretrained_file: a local weights file (implies `pretrained`); null: timm's source.
-        drop_rate: dropout before the head.
-        drop_path_rate: stochastic depth, for the families that have it.
-        model_args: any further keyword of the timm model (`{global_pool: avg}`).
-    """
+    The other arguments: configs/model/timm.yaml."""
 
     def __init__(
         self,
@@ -56,13 +46,11 @@ class TimmClassifier(nn.Module):
             kwargs["drop_path_rate"] = drop_path_rate
         if timm.get_pretrained_cfg(name, allow_unregistered=True).fixed_input_size:
             kwargs.setdefault("img_size", tuple(image_shape[1:]))
-        if pretrained_file is not None:
-            if not Path(pretrained_file).is_file():
-                raise UserError(
-                    f"model.net.pretrained_file={pretrained_file} is not a file. Give a "
-                    "state_dict saved with torch.save(model.state_dict(), path)."
-                )
-            kwargs["pretrained_cfg_overlay"] = {"file": str(pretrained_file)}
+        if pretrained_file is not None and not Path(pretrained_file).is_file():
+            raise UserError(
+                f"model.net.pretrained_file={pretrained_file} is not a file. Give a "
+                "state_dict saved with torch.save(model.state_dict(), path)."
+            )
         pretrained = pretrained or pretrained_file is not None
         try:
             self.model = timm.create_model(
@@ -71,6 +59,7 @@ class TimmClassifier(nn.Module):
                 num_classes=num_classes,
                 in_chans=image_shape[0],
                 drop_rate=drop_rate,
+                pretrained_cfg_overlay={"file": str(pretrained_file)} if pretrained_file else None,
                 **kwargs,
             )
         except OSError as error:  # the hub's errors (no network, no such file) are OSErrors
@@ -83,7 +72,6 @@ class TimmClassifier(nn.Module):
 
     @property
     def head(self) -> nn.Module:
-        """The classifier layer; every other parameter belongs to the backbone."""
         return self.model.get_classifier()
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:

@@ -50,7 +50,6 @@ class TransformerClassifier(nn.Module):
         # One step a patch: no stem at all (the net without patches, parameter for parameter).
         self.stem = ConvStem(features, d_model, patch) if patch > 1 else None
         max_length = -(-max_length // patch)  # the positions: patches
-        self.pooling = pooling
         self.embed = nn.Linear(d_model if self.stem else features, d_model)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, d_model)) if pooling == "cls" else None
         num_tokens = max_length + (1 if pooling == "cls" else 0)
@@ -76,5 +75,5 @@ class TransformerClassifier(nn.Module):
         for block in self.blocks:
             x = block(x, mask)
         x = self.norm(x)
-        pooled = x[:, 0] if self.pooling == "cls" else masked_mean(x, mask)
+        pooled = x[:, 0] if self.cls_token is not None else masked_mean(x, mask)
         return self.head(pooled)

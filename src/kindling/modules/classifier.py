@@ -3,16 +3,17 @@ and their lengths `(B,)`, to logits `(B, num_classes)`."""
 
 from collections.abc import Sequence
 from functools import partial
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.strategies import FSDPStrategy
 from torch import nn
 from torchmetrics import MaxMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from kindling.modules.base import BaseModule, OptimizerFactory, SchedulerFactory
+from kindling.modules.base import BaseModule
 
 
 class Classifier(BaseModule):
@@ -21,40 +22,32 @@ class Classifier(BaseModule):
     layout tensor cores read fastest. `example_input_shape` (`[C, H, W]`): the model summary
     shows each layer's sizes and FLOPs. `backbone_lr_ratio`, `freeze_backbone_epochs`: the
     backbone's learning rate as a share of the head's, epochs only the head learns
-    (kindling.modules.finetuning)."""
+    (kindling.modules.finetuning). The optimizer, scheduler and compilation: `BaseModule`'s."""
 
     def __init__(
         self,
         net: nn.Module,
         num_classes: int,
-        optimizer: OptimizerFactory,
-        scheduler: SchedulerFactory | None = None,
-        scheduler_interval: Literal["epoch", "step"] = "epoch",
-        compile: bool = False,
-        compile_mode: str | None = None,
         channels_last: bool = False,
         example_input_shape: Sequence[int] | None = None,
         backbone_lr_ratio: float = 1.0,
         freeze_backbone_epochs: int = 0,
+        **kwargs: Any,
     ):
         # No argument checks: they read the values on the host (a sync per step); predictions are
         # an argmax over num_classes logits, and cross-entropy already rejects bad targets.
         accuracy = partial(MulticlassAccuracy, num_classes, average="micro", validate_args=False)
-        super().__init__(optimizer, scheduler, scheduler_interval, {"acc": accuracy})
-        self.save_hyperparameters(ignore=["net", "optimizer", "scheduler"], logger=False)
+        super().__init__(metrics={"acc": accuracy}, **kwargs)
         self.net = net
         # Saved in checkpoints (unlike the other metrics), so a resumed run keeps its best.
         self.val_acc_best = MaxMetric()
         self.val_acc_best.persistent(True)
-        if example_input_shape is not None and not compile:
+        if example_input_shape is not None and not self.hparams.compile:
             self.example_input_array = torch.zeros(1, *example_input_shape)
 
     def forward(self, inputs: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
-        if lengths is not None:
-            return self.net(inputs, lengths)
-        if self.hparams.channels_last:
-            inputs = inputs.contiguous(memory_format=torch.channels_last)
-        return self.net(inputs)
+        # A channels_last net needs no NHWC inputs: a convolution computes in its weight's layout.
+        return self.net(inputs) if lengths is None else self.net(inputs, lengths)
 
     def setup(self, stage: str) -> None:
         # The summary runs the example past the FSDP root, which FSDP refuses ("Non-root FSDP
@@ -63,24 +56,13 @@ class Classifier(BaseModule):
             self.example_input_array = None
         if self.hparams.channels_last:
             self.net.to(memory_format=torch.channels_last)  # a layout change; no device move
-        # In place: the state_dict keys stay the same, so checkpoints load compiled or not.
-        if self.hparams.compile and stage == "fit":
-            self.net.compile(mode=self.hparams.compile_mode)
 
-    def on_train_epoch_start(self) -> None:
-        if self.hparams.freeze_backbone_epochs:
-            from kindling.modules.finetuning import hold_backbone  # fine-tuning runs only
+    def configure_callbacks(self) -> list[Callback]:
+        if not self.hparams.freeze_backbone_epochs:
+            return []
+        from kindling.modules.finetuning import FrozenBackbone  # fine-tuning runs only
 
-            hold_backbone(self.net, frozen=self._backbone_frozen())
-
-    def _backbone_frozen(self) -> bool:
-        return self.current_epoch < self.hparams.freeze_backbone_epochs
-
-    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        if self._backbone_frozen():
-            from kindling.modules.finetuning import drop_backbone_gradients
-
-            drop_backbone_gradients(self.net)
+        return [FrozenBackbone(self.hparams.freeze_backbone_epochs)]
 
     def shared_step(self, stage: str, batch: tuple[torch.Tensor, ...]) -> dict[str, torch.Tensor]:
         *inputs, targets = batch

@@ -1,34 +1,20 @@
 """Language modelling around any net that maps token ids `(B, T)` to logits `(B, T, vocab_size)`."""
 
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.loggers import TensorBoardLogger
 from torch import nn
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
 from kindling.data.text import Vocabulary
 from kindling.errors import UserError
-from kindling.modules.base import BaseModule, OptimizerFactory, SchedulerFactory
-
-NetFactory = Callable[..., nn.Module]  # takes vocab_size=
-Batch = tuple[torch.Tensor, torch.Tensor]  # input ids (B, T), target ids (B, T)
+from kindling.modules.base import BaseModule
 
 SAMPLES_FILE = "samples.txt"
-
-
-def full_parameters(model: nn.Module) -> AbstractContextManager:
-    """A context in which every rank holds all of `model`'s weights: gathered from the ranks when
-    FSDP shards them (every rank must enter it), else as they are."""
-    if torch.distributed.is_available():  # not in every build of torch
-        from torch.distributed.fsdp import FullyShardedDataParallel
-
-        if isinstance(model, FullyShardedDataParallel):
-            return FullyShardedDataParallel.summon_full_params(model, writeback=False)
-    return nullcontext()
 
 
 class LanguageModel(BaseModule):
@@ -39,25 +25,19 @@ class LanguageModel(BaseModule):
 
     `net` is a factory taking `vocab_size`, called once the data module's `vocabulary` is known
     (`configure_model`); the vocabulary is a buffer, so a checkpoint's state_dict alone rebuilds
-    the net. The other arguments are the Classifier's."""
+    the net. The optimizer, scheduler and compilation: `BaseModule`'s."""
 
     def __init__(
         self,
-        net: NetFactory,
-        optimizer: OptimizerFactory,
-        scheduler: SchedulerFactory | None = None,
-        scheduler_interval: Literal["epoch", "step"] = "epoch",
-        compile: bool = False,
-        compile_mode: str | None = None,
+        net: Callable[..., nn.Module],
         sample_prompt: str = "\n",
         sample_length: int = 300,
         sample_temperature: float = 0.8,
         sample_top_k: int | None = None,
         sample_seed: int = 0,
+        **kwargs: Any,
     ):
-        super().__init__(optimizer, scheduler, scheduler_interval)
-        # Only plain values go into checkpoints; the net, optimizer and scheduler come from config.
-        self.save_hyperparameters(ignore=["net", "optimizer", "scheduler"], logger=False)
+        super().__init__(**kwargs)
         self.net_factory = net
         self.net: nn.Module | None = None
         # The characters behind the ids, as code points; empty until `build`.
@@ -76,18 +56,15 @@ class LanguageModel(BaseModule):
 
     def configure_model(self) -> None:
         # Lightning calls this in every stage after the data module's setup: build once.
-        if self.net is not None:
-            return
-        vocabulary = getattr(self.trainer.datamodule, "vocabulary", None)
-        if vocabulary is None:
-            raise UserError(
-                "LanguageModel takes its vocabulary from the data module, and this one has none. "
-                "Use a text data module (data=text/char, e.g. via experiment=charlm)."
-            )
-        self.build(vocabulary)
-        if self.hparams.compile:
-            # In place: the state_dict keys stay the same, so checkpoints load either way.
-            self.net.compile(mode=self.hparams.compile_mode)
+        if self.net is None:
+            vocabulary = getattr(self.trainer.datamodule, "vocabulary", None)
+            if vocabulary is None:
+                raise UserError(
+                    "LanguageModel takes its vocabulary from the data module, and this one has "
+                    "none. Use a text data module (data=text/char, e.g. via experiment=charlm)."
+                )
+            self.build(vocabulary)
+        super().configure_model()
 
     def load_state_dict(
         self, state_dict: dict[str, Any], strict: bool = True, assign: bool = False
@@ -107,8 +84,8 @@ class LanguageModel(BaseModule):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.net(tokens)
 
-    def shared_step(self, stage: str, batch: Batch) -> dict[str, torch.Tensor]:
-        tokens, targets = batch
+    def shared_step(self, stage: str, batch: tuple[torch.Tensor, ...]) -> dict[str, torch.Tensor]:
+        tokens, targets = batch  # ids (B, T)
         logits = self(tokens)
         # Each token's loss: the epoch metrics average tokens, not batches.
         losses = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none")
@@ -129,7 +106,7 @@ class LanguageModel(BaseModule):
             return
         # Every rank samples, the same text: under FSDP the weights are gathered from all ranks
         # (a rank sampling alone would wait for the others forever). Rank 0 prints it.
-        with full_parameters(self.trainer.strategy.model):
+        with FSDP.summon_full_params(self.trainer.strategy.model, writeback=False):
             text = self.sample(
                 self.hparams.sample_prompt,
                 self.hparams.sample_length,

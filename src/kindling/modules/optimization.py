@@ -8,9 +8,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-import lightning as L
 import torch
-from torch.optim.lr_scheduler import LambdaLR, LRScheduler
+from torch.optim.lr_scheduler import LambdaLR
 
 from kindling.errors import UserError
 
@@ -47,31 +46,3 @@ def takes_total_steps(factory: Callable[..., Any]) -> bool:
     """Whether `factory` has a `total_steps` argument that the config left for the module."""
     parameter = inspect.signature(factory).parameters.get("total_steps")
     return parameter is not None and parameter.default in (inspect.Parameter.empty, None)
-
-
-def lr_scheduler(
-    factory: Callable[..., LRScheduler], optimizer: torch.optim.Optimizer, trainer: L.Trainer,
-    interval: str,
-) -> dict[str, Any]:  # fmt: skip
-    """Lightning's `lr_scheduler` entry: `factory`'s scheduler stepped every `interval`
-    (val/loss feeds ReduceLROnPlateau)."""
-    if takes_total_steps(factory):
-        if interval != "step":
-            raise UserError(
-                f"model.scheduler counts optimizer steps (total_steps), but "
-                f"model.scheduler_interval={interval} steps it once per epoch. Set "
-                "model.scheduler_interval=step."
-            )
-        # As the Trainer counts them: max_steps or max_epochs, limit_train_batches, accumulation.
-        total = trainer.estimated_stepping_batches
-        if not math.isfinite(total) or total < 1:
-            raise UserError(
-                f"The learning-rate schedule (model.scheduler) needs the run's length, and this "
-                f"run has none (trainer.max_steps={trainer.max_steps}, "
-                f"trainer.max_epochs={trainer.max_epochs}). Set trainer.max_steps=<steps> or "
-                "trainer.max_epochs=<epochs>, or train without a schedule: model.scheduler=null."
-            )
-        scheduler = factory(optimizer=optimizer, total_steps=int(total))
-    else:
-        scheduler = factory(optimizer=optimizer)
-    return {"scheduler": scheduler, "interval": interval, "monitor": "val/loss"}
