@@ -10,7 +10,7 @@ from urllib.parse import urlparse
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Sampler, TensorDataset
 
 from kindling.data.loaders import SplitDataModule
 from kindling.errors import UserError
@@ -31,14 +31,8 @@ class Vocabulary:
 
     def __init__(self, characters: Iterable[str]):
         self.characters = sorted(set(characters))
-        if any(len(c) != 1 for c in self.characters):
-            raise ValueError("a vocabulary holds single characters")
         # Code points in sorted order: encoding is a vectorised binary search.
         self._codepoints = np.array([ord(c) for c in self.characters], dtype=np.int64)
-
-    @classmethod
-    def from_text(cls, text: str) -> "Vocabulary":
-        return cls(text)
 
     @classmethod
     def from_tensor(cls, codepoints: torch.Tensor) -> "Vocabulary":
@@ -67,30 +61,19 @@ class Vocabulary:
         return torch.from_numpy(np.searchsorted(self._codepoints, codepoints))
 
     def decode(self, ids: Sequence[int] | torch.Tensor) -> str:
-        if isinstance(ids, torch.Tensor):
-            ids = ids.tolist()
-        return "".join(self.characters[i] for i in ids)
+        return "".join(self.characters[i] for i in torch.as_tensor(ids).tolist())
 
 
-class TokenWindows(Dataset):
-    """Windows of a token sequence, one every `stride` tokens (back to back by default): input
-    `tokens[s:s+T]`, target the same window shifted by one."""
+class TokenWindows(TensorDataset):
+    """Windows of `tokens`, one every `stride` tokens (back to back by default): input
+    `tokens[s:s+T]`, target the same window shifted by one (views of `tokens`, not copies)."""
 
     def __init__(self, tokens: torch.Tensor, length: int, stride: int | None = None):
         if len(tokens) < length + 1:
             raise ValueError(f"{len(tokens)} tokens cannot make a window of {length} + 1")
-        self.tokens, self.length, self.stride = tokens, length, stride or length
-
-    def __len__(self) -> int:
-        # The last window needs one token past its end for its last target.
-        return (len(self.tokens) - self.length - 1) // self.stride + 1
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if not 0 <= index < len(self):
-            raise IndexError(index)
-        start = index * self.stride
-        chunk = self.tokens[start : start + self.length + 1]
-        return chunk[:-1], chunk[1:]
+        windows = tokens.unfold(0, length + 1, stride or length)
+        super().__init__(windows[:, :-1], windows[:, 1:])
+        self.tokens = tokens
 
 
 class RandomWindowSampler(Sampler[int]):
@@ -115,14 +98,8 @@ class RandomWindowSampler(Sampler[int]):
 
 def default_corpus() -> str:
     """The Python Language Reference as plain text: the topics of `help()`, shipped with Python."""
-    try:
-        from pydoc_data.topics import topics
-    except ImportError as error:
-        raise UserError(
-            "The default corpus (pydoc_data.topics, part of Python's standard library) is missing "
-            "from this Python. Train on your own text with data.path=<file or folder>, or fetch "
-            "one with data.download=tiny_shakespeare."
-        ) from error
+    from pydoc_data.topics import topics
+
     return "\n".join(topics[name] for name in sorted(topics))
 
 
@@ -200,8 +177,8 @@ class CharTextDataModule(SplitDataModule):
             raise UserError(
                 f"Set one of data.path={path!r} and data.download={download!r}, not both."
             )
-        if download is not None:
-            download_target(download, data_dir)  # fail at construction on a bad name
+        # The address and cache file of a download, at construction: a bad name fails early.
+        self.download = None if download is None else download_target(download, data_dir)
         if context_length < 1:
             raise UserError(f"data.context_length must be at least 1, got {context_length}.")
         if not 0.0 <= test_fraction < 1.0:
@@ -218,11 +195,9 @@ class CharTextDataModule(SplitDataModule):
 
     def prepare_data(self) -> None:
         # Lightning calls this on one process per node, before setup(): the place to download.
-        if self.hparams.download is None:
+        if self.download is None or self.download[1].is_file():
             return
-        url, cached = download_target(self.hparams.download, self.hparams.data_dir)
-        if cached.is_file():
-            return
+        url, cached = self.download
         try:  # atomically: a failed download leaves no partial file
             with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as response:
                 write_atomically(cached, lambda file: shutil.copyfileobj(response, file))
@@ -236,8 +211,8 @@ class CharTextDataModule(SplitDataModule):
         hp = self.hparams
         if hp.path is not None:
             return read_corpus(hp.path)
-        if hp.download is not None:
-            _url, cached = download_target(hp.download, hp.data_dir)
+        if self.download is not None:
+            cached = self.download[1]
             if not cached.is_file():
                 raise UserError(f"{cached} is missing: call prepare_data() to download it.")
             return read_corpus(cached)
@@ -249,7 +224,7 @@ class CharTextDataModule(SplitDataModule):
             raise UserError(
                 f"The corpus {hp.path or hp.download!r} is empty. Point data.path at a text file."
             )
-        self.vocabulary = Vocabulary.from_text(text)
+        self.vocabulary = Vocabulary(text)
         tokens = self.vocabulary.encode(text)
 
         # By position, not at random: neighbouring windows share text, so a shuffled split
@@ -257,10 +232,8 @@ class CharTextDataModule(SplitDataModule):
         num_val = round(len(tokens) * hp.val_fraction)
         num_test = round(len(tokens) * hp.test_fraction)
         num_train = len(tokens) - num_val - num_test
-        splits = torch.split(
-            tokens, [num_train, num_val, num_test] if num_test else [num_train, num_val]
-        )
-        shortest = min(len(s) for s in splits)
+        train, val, test = torch.split(tokens, [num_train, num_val, num_test])
+        shortest = min(len(train), len(val), len(test) or len(val))
         length = hp.context_length
         if shortest < length + 1:
             raise UserError(
@@ -268,10 +241,9 @@ class CharTextDataModule(SplitDataModule):
                 f"too few for one window of data.context_length={length} plus its target. "
                 "Use a longer text, a smaller data.context_length, or larger split fractions."
             )
-        self.data_train, self.data_val, *rest = (TokenWindows(s, length) for s in splits)
-        self.data_test = rest[0] if rest else self.data_val
-        if hp.random_offsets:
-            self.data_train = TokenWindows(splits[0], length, stride=1)
+        self.data_train = TokenWindows(train, length, stride=1 if hp.random_offsets else None)
+        self.data_val = TokenWindows(val, length)
+        self.data_test = TokenWindows(test, length) if num_test else self.data_val
 
     def train_dataloader(self) -> DataLoader:
         if not self.hparams.random_offsets:
