@@ -37,30 +37,6 @@ class SequenceTable:
     features: list[str]
 
 
-def _column(table: Any, name: str, where: str) -> np.ndarray:
-    values = np.asarray(table.column(name).to_pylist(), dtype=object)
-    missing = np.flatnonzero([v is None for v in values])
-    if len(missing):
-        raise UserError(f"{where}: row {missing[0] + 1} has no {name!r} value. Give every row one.")
-    return values
-
-
-def _one_per_sequence(
-    values: np.ndarray, group: np.ndarray, first_rows: np.ndarray, ids: np.ndarray, what: str, where
-) -> np.ndarray:
-    """Each sequence's value of a per-row column; refuses a sequence whose rows disagree."""
-    disagree = np.flatnonzero(values[first_rows][group] != values)
-    if len(disagree):
-        row = disagree[0]
-        first_row = first_rows[group[row]]
-        raise UserError(
-            f"{where}: sequence {ids[group[row]]!r} has rows with {what}s "
-            f"{values[first_row]!r} and {values[row]!r} (rows {first_row + 1} and {row + 1}). "
-            f"Give each sequence one {what}."
-        )
-    return values[first_rows]
-
-
 def read_sequence_table(
     path: str | Path, reading: Mapping[str, Any], trained: list[str] | None = None
 ) -> SequenceTable:
@@ -75,8 +51,30 @@ def read_sequence_table(
     import pyarrow.csv
     import pyarrow.parquet
 
-    where = f"{'data.path' if trained is None else 'input'}={path}"
     path = Path(path)
+    where = f"{'data.path' if trained is None else 'input'}={path}"
+
+    def column(name: str) -> np.ndarray:  # each row's value; a row without one is refused
+        values = np.asarray(table.column(name).to_pylist(), dtype=object)
+        missing = np.flatnonzero([v is None for v in values])
+        if len(missing):
+            raise UserError(
+                f"{where}: row {missing[0] + 1} has no {name!r} value. Give every row one."
+            )
+        return values
+
+    def one_per_sequence(values: np.ndarray, what: str) -> np.ndarray:  # rows must agree
+        disagree = np.flatnonzero(values[first_rows][group] != values)
+        if len(disagree):
+            row = disagree[0]
+            first_row = first_rows[group[row]]
+            raise UserError(
+                f"{where}: sequence {ids[group[row]]!r} has rows with {what}s "
+                f"{values[first_row]!r} and {values[row]!r} (rows {first_row + 1} and {row + 1}). "
+                f"Give each sequence one {what}."
+            )
+        return values[first_rows]
+
     if not path.is_file():
         raise UserError(f"{where}: no such file. Give a CSV or Parquet table.")
     try:
@@ -89,15 +87,12 @@ def read_sequence_table(
     if table.num_rows == 0:
         raise UserError(f"{where} has no rows. Give one row per time step.")
     columns = table.column_names
+    fix = "Add it: the checkpoint was trained on a table with it." if trained else None
     for key in ("id_column",) if trained else ("id_column", "label_column"):
         if reading[key] not in columns:
-            fix = (
-                "Add it: the checkpoint was trained on a table with it."
-                if trained
-                else f"Add it, or name the column with data.{key}=<column>."
-            )
             raise UserError(
-                f"{where} has no column {reading[key]!r} (columns: {', '.join(columns)}). {fix}"
+                f"{where} has no column {reading[key]!r} (columns: {', '.join(columns)}). "
+                f"{fix or f'Add it, or name the column with data.{key}=<column>.'}"
             )
     label_column, time_column, split_column = (
         reading[key] if reading[key] in columns else None
@@ -123,11 +118,11 @@ def read_sequence_table(
     features = trained or features
     values = np.empty((table.num_rows, len(features)))  # float64; missing values NaN
     for j, name in enumerate(features):
-        column = table.column(name)
-        if pyarrow.types.is_integer(column.type) or pyarrow.types.is_floating(column.type):
-            values[:, j] = column.to_numpy(zero_copy_only=False)
+        read = table.column(name)
+        if pyarrow.types.is_integer(read.type) or pyarrow.types.is_floating(read.type):
+            values[:, j] = read.to_numpy(zero_copy_only=False)
             continue
-        for i, value in enumerate(column.to_pylist()):
+        for i, value in enumerate(read.to_pylist()):
             try:
                 values[i, j] = np.nan if value is None else float(value)
             except (TypeError, ValueError):
@@ -138,14 +133,12 @@ def read_sequence_table(
                 ) from None
 
     # Each row's sequence, and the file row where each sequence first appears.
-    ids, first_rows, group = np.unique(
-        _column(table, reading["id_column"], where), return_index=True, return_inverse=True
-    )
-    within = np.arange(len(group)) if time_column is None else _column(table, time_column, where)
+    row_ids = column(reading["id_column"])
+    ids, first_rows, group = np.unique(row_ids, return_index=True, return_inverse=True)
+    within = np.arange(len(group)) if time_column is None else column(time_column)
     order = np.lexsort((within.astype(float), group))  # by sequence, then by time (or file row)
-    counts = np.bincount(group, minlength=len(ids))
-    empty_rows = np.isnan(values).all(axis=1)
-    empty = np.flatnonzero(np.bincount(group, weights=empty_rows, minlength=len(ids)) == counts)
+    real_rows = np.bincount(group, weights=~np.isnan(values).all(axis=1), minlength=len(ids))
+    empty = np.flatnonzero(real_rows == 0)
     if len(empty):
         rows = np.flatnonzero(group == empty[0]) + 1
         raise UserError(
@@ -163,7 +156,7 @@ def read_sequence_table(
             f"{remedy}."
         )
     steps = torch.from_numpy(values[order].astype(np.float32))
-    sequences = list(torch.split(steps, counts.tolist()))
+    sequences = list(torch.split(steps, np.bincount(group, minlength=len(ids)).tolist()))
     if trained:  # in the order the ids first appear; their labels: their rows
         appearance = np.argsort(first_rows)
         sequences = [sequences[i] for i in appearance]
@@ -171,21 +164,20 @@ def read_sequence_table(
             ids[appearance].tolist(), sequences, torch.arange(len(ids)), [], [], features
         )
 
-    labels = _column(table, label_column, where)
-    labels = _one_per_sequence(labels, group, first_rows, ids, "label", where)
+    labels = one_per_sequence(column(label_column), "label")
     # Integer labels sort as numbers, any others as text.
     integers = all(isinstance(label, int) for label in labels.tolist())
     classes, labels = np.unique(labels if integers else labels.astype(str), return_inverse=True)
     splits = ["train"] * len(ids)
     if split_column is not None:
-        split_rows = _column(table, split_column, where)
+        split_rows = column(split_column)
         unknown = sorted(set(split_rows.tolist()) - set(SPLITS))
         if unknown:
             raise UserError(
                 f"{where}: column {split_column!r} holds {unknown[0]!r}; "
                 "its values are train, val or test."
             )
-        splits = _one_per_sequence(split_rows, group, first_rows, ids, "split", where).tolist()
+        splits = one_per_sequence(split_rows, "split").tolist()
     classes = [str(name) for name in classes]
     return SequenceTable(
         ids.tolist(), sequences, torch.from_numpy(labels), classes, splits, features
@@ -238,21 +230,17 @@ def standardised(steps: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> 
     return ((steps - mean) / std).nan_to_num(0.0)
 
 
+@dataclass(eq=False, repr=False)
 class Sequences(Dataset):
     """Sequences `(T_i, F)` as the table holds them and their class indices, served standardised
     with `mean` and `std` (`(F,)`), as served, not once: a checkpoint's statistics, loaded after
     `setup`, apply. `ids` name the rows kindling.predict writes."""
 
-    def __init__(
-        self,
-        sequences: list[torch.Tensor],
-        labels: torch.Tensor,
-        mean: torch.Tensor,
-        std: torch.Tensor,
-        ids: list | None = None,
-    ):
-        self.sequences, self.labels = sequences, labels
-        self.mean, self.std, self.ids = mean, std, ids
+    sequences: list[torch.Tensor]
+    labels: torch.Tensor
+    mean: torch.Tensor
+    std: torch.Tensor
+    ids: list | None = None
 
     def __len__(self) -> int:
         return len(self.sequences)

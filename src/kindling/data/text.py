@@ -134,22 +134,6 @@ def read_corpus(path: str | Path) -> str:
     return "\n".join(texts)
 
 
-def download_target(download: str, data_dir: str | Path) -> tuple[str, Path]:
-    """The address of `download` (a name in CORPORA or an http(s) address) and its cache file."""
-    folder = Path(data_dir) / "text"
-    if download in CORPORA:
-        return CORPORA[download], folder / f"{download}.txt"
-    if urlparse(download).scheme in ("http", "https"):
-        # A short hash of the address keeps two `input.txt` from different places apart.
-        tag = hashlib.sha256(download.encode()).hexdigest()[:12]
-        name = Path(urlparse(download).path).name or "corpus.txt"
-        return download, folder / f"{tag}-{name}"
-    raise UserError(
-        f"data.download={download!r} is neither a known corpus ({', '.join(CORPORA)}) "
-        "nor an http(s) address."
-    )
-
-
 class CharTextDataModule(SplitDataModule):
     """A character-level corpus, split by position into train | val | test, served as windows
     of `context_length` characters with the window shifted by one as the target. The vocabulary
@@ -177,8 +161,19 @@ class CharTextDataModule(SplitDataModule):
             raise UserError(
                 f"Set one of data.path={path!r} and data.download={download!r}, not both."
             )
-        # The address and cache file of a download, at construction: a bad name fails early.
-        self.download = None if download is None else download_target(download, data_dir)
+        self.download: tuple[str, Path] | None = None  # the address to fetch, the file it fills
+        if download in CORPORA:
+            self.download = CORPORA[download], Path(data_dir) / "text" / f"{download}.txt"
+        elif download is not None:
+            if urlparse(download).scheme not in ("http", "https"):
+                raise UserError(
+                    f"data.download={download!r} is neither a known corpus "
+                    f"({', '.join(CORPORA)}) nor an http(s) address."
+                )
+            # A short hash of the address keeps two `input.txt` from different places apart.
+            tag = hashlib.sha256(download.encode()).hexdigest()[:12]
+            name = Path(urlparse(download).path).name or "corpus.txt"
+            self.download = download, Path(data_dir) / "text" / f"{tag}-{name}"
         if context_length < 1:
             raise UserError(f"data.context_length must be at least 1, got {context_length}.")
         if not 0.0 <= test_fraction < 1.0:
