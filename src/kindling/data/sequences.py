@@ -41,12 +41,10 @@ def read_sequence_table(
     path: str | Path, reading: Mapping[str, Any], trained: list[str] | None = None
 ) -> SequenceTable:
     """Group the rows into sequences, ordered by id, their steps by the time column if present
-    (`reading`: the TABLE_READING keys' values), and check them.
-
-    `trained`: the features a checkpoint was trained on, to predict the table (`input=`): its
-    label and split columns are optional and ignored, its features are those, in that order, and
-    its sequences come in the order their ids first appear; their labels are their rows.
-    """
+    (`reading`: the TABLE_READING keys' values), and check them. `trained`: the features a
+    checkpoint was trained on, to predict the table (`input=`): its label and split columns are
+    optional and ignored, its features are those, in that order, and its sequences come in the
+    order their ids first appear; their labels are their rows."""
     import pyarrow  # only where tables are read
     import pyarrow.csv
     import pyarrow.parquet
@@ -178,20 +176,14 @@ def read_sequence_table(
                 "its values are train, val or test."
             )
         splits = one_per_sequence(split_rows, "split").tolist()
-    classes = [str(name) for name in classes]
-    return SequenceTable(
-        ids.tolist(), sequences, torch.from_numpy(labels), classes, splits, features
-    )
+    classes = classes.astype(str).tolist()
+    return SequenceTable(ids.tolist(), sequences, torch.tensor(labels), classes, splits, features)
 
 
 class LengthBucketSampler(ResumableDistributedSampler):
     """`ResumableDistributedSampler`'s epochs (every sample as often, seeded, this process's share,
-    resumable mid-epoch), served in batches of similar lengths: each pool of `pool_batches`
-    global batches of the epoch's permutation is sorted by length and cut into global batches,
-    whose order is drawn; each global batch is dealt to the processes in turn, so every process
-    gets `batch_size` samples of about one length per step (data.batch_size is global: a run
-    resumed on another number of processes serves the rest of the epoch).
-    """
+    resumable mid-epoch) in batches of similar lengths: pools of `pool_batches` global batches
+    sorted by length, the global batches' order drawn, each dealt to the processes in turn."""
 
     def __init__(
         self,
@@ -279,12 +271,8 @@ def table_to_predict(
 
 
 class SequenceTableDataModule(SplitDataModule):
-    """Sequences of different lengths from one table in the long layout (tsfresh, sktime):
-    `read_sequence_table` reads it. Absent val and test splits are carved from train
-    (stratified, seeded). Each feature is standardised with the mean and standard deviation of
-    the training split's time steps; they are stored in checkpoints with the class names. Its
-    arguments are configs/data/sequences.yaml's keys, explained there.
-    """
+    """Sequences of different lengths from one table in the long layout (tsfresh, sktime),
+    which `read_sequence_table` reads. Its arguments are configs/data/sequences.yaml's keys."""
 
     fixed_batch_shapes = False  # each batch is padded to its longest sequence
     classes: list[str] | None = None

@@ -10,7 +10,7 @@ from urllib.parse import urlparse
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Sampler, TensorDataset
+from torch.utils.data import DataLoader, RandomSampler, Sampler, TensorDataset
 
 from kindling.data.loaders import SplitDataModule
 from kindling.errors import UserError
@@ -50,7 +50,6 @@ class Vocabulary:
         return isinstance(other, Vocabulary) and self.characters == other.characters
 
     def encode(self, text: str) -> torch.Tensor:
-        """Ids of the characters of `text`, int64 of shape `(len(text),)`."""
         missing = sorted(set(text) - set(self.characters))
         if missing:
             raise UserError(
@@ -77,23 +76,20 @@ class TokenWindows(TensorDataset):
 
 
 class RandomWindowSampler(Sampler[int]):
-    """`num_samples` indices of a dataset of `num_windows`, drawn anew each epoch, with
-    replacement, as nanoGPT draws its batches, from torch's global generator (as `RandomSampler`
-    draws; `seed_everything` fixes it, a resumed run restores it). Not a `RandomSampler`, which
-    Lightning would swap for a `DistributedSampler` over all windows; this one it wraps.
+    """`RandomSampler`'s draws with replacement, `num_samples` of `num_windows` an epoch, as
+    nanoGPT draws its batches, seeded from torch's global generator (`seed_everything` fixes it, a
+    resumed run restores it). Not a `RandomSampler` itself, which Lightning would swap for a
+    `DistributedSampler` over all windows; this one it wraps.
     """
 
     def __init__(self, num_windows: int, num_samples: int):
-        self.num_windows, self.num_samples = num_windows, num_samples
+        self.draws = RandomSampler(range(num_windows), replacement=True, num_samples=num_samples)
 
     def __len__(self) -> int:
-        return self.num_samples
+        return len(self.draws)
 
     def __iter__(self) -> Iterator[int]:
-        seed = int(torch.empty((), dtype=torch.int64).random_().item())
-        generator = torch.Generator().manual_seed(seed)
-        draws = torch.randint(self.num_windows, (self.num_samples,), generator=generator)
-        return iter(draws.tolist())
+        return iter(self.draws)
 
 
 def default_corpus() -> str:
@@ -203,9 +199,8 @@ class CharTextDataModule(SplitDataModule):
             ) from error
 
     def load_text(self) -> str:
-        hp = self.hparams
-        if hp.path is not None:
-            return read_corpus(hp.path)
+        if self.hparams.path is not None:
+            return read_corpus(self.hparams.path)
         if self.download is not None:
             cached = self.download[1]
             if not cached.is_file():
