@@ -207,9 +207,7 @@ class LengthBucketSampler(ResumableDistributedSampler):
         order = torch.cat([order, order[: self.total_size - len(order)]])  # an even share each
         global_batch = self.batch_size * self.num_replicas
         pools = torch.split(order, global_batch * self.pool_batches)
-        by_length = torch.cat(
-            [pool[self.lengths[pool].sort(stable=True).indices] for pool in pools]
-        )
+        by_length = torch.cat([pool[self.lengths[pool].argsort(stable=True)] for pool in pools])
         batches = torch.split(by_length, global_batch)
         # A last, short global batch stays last: each process's batches keep their boundaries.
         full = len(order) // global_batch
@@ -243,10 +241,9 @@ class Sequences(Dataset):
     @staticmethod
     def collate(samples: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, ...]:
         """Steps `(B, T, F)`, zero-padded after each sequence's end; lengths `(B,)`; labels."""
-        steps = [sequence for sequence, _ in samples]
-        lengths = torch.tensor([len(sequence) for sequence in steps], dtype=torch.long)
-        labels = torch.stack([label for _, label in samples])
-        return pad_sequence(steps, batch_first=True), lengths, labels
+        steps, labels = zip(*samples, strict=True)
+        lengths = torch.tensor([len(sequence) for sequence in steps])
+        return pad_sequence(steps, batch_first=True), lengths, torch.stack(labels)
 
 
 def collate_to_predict(samples: list[tuple[torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:

@@ -102,9 +102,14 @@ def default_corpus() -> str:
 def read_corpus(path: str | Path) -> str:
     """A UTF-8 file, or every non-hidden file under a folder (in path order), as one string."""
     path = Path(path)
-    if path.is_file():
-        files = [path]
-    elif path.is_dir():
+    if not path.exists():
+        raise UserError(
+            f"data.path={str(path)!r} does not exist. Point it at a UTF-8 text file or a folder "
+            "of them (relative paths start from where you run train.py), or set data.path=null "
+            "for the default corpus."
+        )
+    files = [path]
+    if path.is_dir():
         files = sorted(
             p
             for p in path.rglob("*")
@@ -112,12 +117,6 @@ def read_corpus(path: str | Path) -> str:
         )
         if not files:
             raise UserError(f"data.path={str(path)!r} is a folder with no files. Add text files.")
-    else:
-        raise UserError(
-            f"data.path={str(path)!r} does not exist. Point it at a UTF-8 text file or a folder "
-            "of them (relative paths start from where you run train.py), or set data.path=null "
-            "for the default corpus."
-        )
     texts = []
     for file in files:
         try:
@@ -131,11 +130,9 @@ def read_corpus(path: str | Path) -> str:
 
 
 class CharTextDataModule(SplitDataModule):
-    """A character-level corpus, split by position into train | val | test, served as windows
-    of `context_length` characters with the window shifted by one as the target. The vocabulary
-    is the whole corpus's characters: no split meets an unknown one. Its arguments are
-    configs/data/text/char.yaml's keys, explained there.
-    """
+    """A character-level corpus split by position into train | val | test, in windows of
+    `context_length` characters, targets shifted by one. The vocabulary is the whole corpus's
+    characters: no split meets an unknown one. Its arguments: configs/data/text/char.yaml."""
 
     def __init__(
         self,
