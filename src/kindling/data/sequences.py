@@ -183,7 +183,8 @@ def read_sequence_table(
 class LengthBucketSampler(ResumableDistributedSampler):
     """`ResumableDistributedSampler`'s epochs (every sample as often, seeded, this process's share,
     resumable mid-epoch) in batches of similar lengths: pools of `pool_batches` global batches
-    sorted by length, the global batches' order drawn, each dealt to the processes in turn."""
+    sorted by length, the global batches' order drawn, each dealt to the processes in turn. The
+    order depends on the process count only through the padding (data.batch_size is global)."""
 
     def __init__(
         self,
