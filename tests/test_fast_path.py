@@ -169,7 +169,7 @@ def test_language_model_steps_sync_only_at_the_divergence_checks() -> None:
         TransformerLanguageModel, context_length=16, d_model=32, num_layers=2, num_heads=4
     )
     module = LanguageModel(net=net, optimizer=functools.partial(torch.optim.AdamW, lr=0.01))
-    module.build(Vocabulary.from_text("abcdefgh"))
+    module.build(Vocabulary("abcdefgh"))
     batch = torch.randint(0, 8, (4, 16)), torch.randint(0, 8, (4, 16))
     assert train_steps(module, batch, steps=6, check_every=3) == CHECKED_AT_3_AND_6
     with HostSyncs() as host, torch.no_grad():

@@ -186,7 +186,7 @@ def test_net_is_built_for_the_data_vocabulary_and_samples_are_recorded(tmp_path:
     datamodule = tiny_data(tmp_path)
     module = make_module("lstm", sample_length=30, sample_prompt="S")
     fit(module, datamodule, tmp_path, epochs=1, logger=TensorBoardLogger(tmp_path / "tb"))
-    assert module.vocabulary == Vocabulary.from_text(TINY_CORPUS)
+    assert module.vocabulary == Vocabulary(TINY_CORPUS)
     assert module.net.head.out_features == len(set(TINY_CORPUS))
     samples = (tmp_path / "samples.txt").read_text(encoding="utf-8")
     # One sample before training (the sanity check) and one after the epoch.
@@ -200,7 +200,7 @@ def test_net_is_built_for_the_data_vocabulary_and_samples_are_recorded(tmp_path:
 
 def test_generate_is_deterministic_for_a_seed(tmp_path: Path) -> None:
     module = make_module("transformer")
-    module.build(Vocabulary.from_text(TINY_CORPUS))
+    module.build(Vocabulary(TINY_CORPUS))
     prompt = torch.tensor([[1, 2, 3]])
 
     def generate(seed: int, **kwargs) -> torch.Tensor:
@@ -217,7 +217,7 @@ def test_generate_is_deterministic_for_a_seed(tmp_path: Path) -> None:
 
 def test_top_k_samples_only_among_the_k_most_likely(tmp_path: Path) -> None:
     module = make_module("lstm")
-    module.build(Vocabulary.from_text(TINY_CORPUS))
+    module.build(Vocabulary(TINY_CORPUS))
     module.eval()
     prompt = torch.tensor([[5]])
     allowed = set(module(prompt)[0, -1].topk(3).indices.tolist())
@@ -230,7 +230,7 @@ def test_top_k_samples_only_among_the_k_most_likely(tmp_path: Path) -> None:
 
 def test_prompts_outside_the_vocabulary_are_user_errors() -> None:
     module = make_module("lstm")
-    module.build(Vocabulary.from_text("abc \n"))
+    module.build(Vocabulary("abc \n"))
     with pytest.raises(UserError, match="not in the vocabulary"):
         module.sample("abz", 10)
     with pytest.raises(UserError, match="prompt is empty"):
@@ -239,9 +239,9 @@ def test_prompts_outside_the_vocabulary_are_user_errors() -> None:
 
 def test_a_checkpoint_of_another_vocabulary_is_a_user_error() -> None:
     trained = make_module("lstm")
-    trained.build(Vocabulary.from_text("abc"))
+    trained.build(Vocabulary("abc"))
     resumed = make_module("lstm")
-    resumed.build(Vocabulary.from_text("abd"))
+    resumed.build(Vocabulary("abd"))
     with pytest.raises(UserError, match="vocabulary"):
         resumed.load_state_dict(trained.state_dict())
 
@@ -314,7 +314,7 @@ def test_experiment_runs_logs_and_checkpoints(compose_config, tmp_path, family) 
     assert (run_dir / "samples.txt").read_text().count("=== Sample") == 3  # sanity + 2 epochs
     module, _checkpoint = load_module(run_dir / "checkpoints" / "last.ckpt")
     assert isinstance(module, LanguageModel)
-    assert module.vocabulary == Vocabulary.from_text(TINY_CORPUS)
+    assert module.vocabulary == Vocabulary(TINY_CORPUS)
 
 
 @pytest.mark.slow

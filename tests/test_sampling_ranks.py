@@ -25,7 +25,7 @@ def tiny_language_model() -> LanguageModel:
         TransformerLanguageModel, context_length=16, d_model=32, num_layers=2, num_heads=2
     )
     module = LanguageModel(net=net, optimizer=functools.partial(torch.optim.AdamW, lr=0.01))
-    module.build(Vocabulary.from_text(TINY_CORPUS))
+    module.build(Vocabulary(TINY_CORPUS))
     return module
 
 

@@ -38,7 +38,7 @@ def make_text(tmp_path: Path, text: str = CORPUS, **overrides) -> CharTextDataMo
 
 
 def test_vocabulary_round_trip() -> None:
-    vocabulary = Vocabulary.from_text(CORPUS)
+    vocabulary = Vocabulary(CORPUS)
     ids = vocabulary.encode(CORPUS)
     assert ids.dtype == torch.long and ids.shape == (len(CORPUS),)
     assert vocabulary.decode(ids) == CORPUS
@@ -49,14 +49,14 @@ def test_vocabulary_round_trip() -> None:
 
 
 def test_vocabulary_survives_a_tensor_round_trip() -> None:
-    vocabulary = Vocabulary.from_text(CORPUS)
+    vocabulary = Vocabulary(CORPUS)
     restored = Vocabulary.from_tensor(vocabulary.to_tensor())
     assert restored == vocabulary
     assert restored.decode(vocabulary.encode("times ✓")) == "times ✓"
 
 
 def test_unknown_characters_are_a_user_error() -> None:
-    vocabulary = Vocabulary.from_text("abc")
+    vocabulary = Vocabulary("abc")
     with pytest.raises(UserError, match=r"not in the vocabulary: \['x', 'z'\]"):
         vocabulary.encode("abxz")
 

@@ -26,153 +26,117 @@ TABLE_READING = ("id_column", "label_column", "time_column", "split_column", "mi
 
 @dataclass
 class SequenceTable:
-    """The table's sequences, ordered by id: features `(T_i, F)` (NaN where a value is missing),
-    class indices into `classes`, and each sequence's split (None: to be carved). A table to
-    predict has no classes: its labels are 0 and its splits None. `first_rows`: the file row
-    where each sequence first appears."""
+    """The table's sequences: features `(T_i, F)` (NaN where a value is missing), class indices
+    into `classes`, and each sequence's split (train where the table has no split column)."""
 
     ids: list[Any]
     sequences: list[torch.Tensor]
     labels: torch.Tensor
     classes: list[str]
-    splits: list[str | None]
+    splits: list[str]
     features: list[str]
-    first_rows: list[int]
-
-
-def read_arrow(path: str | Path, option: str = "data.path") -> Any:
-    """The file as a pyarrow Table: `.parquet` / `.pq` as Parquet, anything else as CSV.
-    `option`: the argument that named the file, for the messages."""
-    import pyarrow  # only where tables are read
-
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"{option}={path}: no such file. Give a CSV or Parquet table.")
-    try:
-        if path.suffix.lower() in (".parquet", ".pq"):
-            import pyarrow.parquet
-
-            return pyarrow.parquet.read_table(path)
-        import pyarrow.csv
-
-        return pyarrow.csv.read_csv(path)
-    except pyarrow.ArrowInvalid as error:
-        if "Empty CSV file" in str(error):
-            raise UserError(f"{option}={path} is empty: it has no header and no rows.") from None
-        raise UserError(f"{option}={path} cannot be read as a table: {error}") from None
-
-
-def _column(table: Any, name: str, where: str, fix: str) -> np.ndarray:
-    if name not in table.column_names:
-        raise UserError(
-            f"{where} has no column {name!r} (columns: {', '.join(table.column_names)}). {fix}"
-        )
-    values = np.asarray(table.column(name).to_pylist(), dtype=object)
-    missing = np.flatnonzero([v is None for v in values])
-    if len(missing):
-        raise UserError(f"{where}: row {missing[0] + 1} has no {name!r} value. Give every row one.")
-    return values
-
-
-def _feature_matrix(table: Any, features: list[str], where: str) -> np.ndarray:
-    """`(rows, F)` float64; missing values are NaN; a non-numeric value is refused."""
-    import pyarrow
-
-    matrix = np.empty((table.num_rows, len(features)))
-    for j, name in enumerate(features):
-        column = table.column(name)
-        if pyarrow.types.is_integer(column.type) or pyarrow.types.is_floating(column.type):
-            matrix[:, j] = column.to_numpy(zero_copy_only=False)
-            continue
-        for i, value in enumerate(column.to_pylist()):
-            try:
-                matrix[i, j] = np.nan if value is None else float(value)
-            except (TypeError, ValueError):
-                raise UserError(
-                    f"{where}: column {name!r} row {i + 1} holds {value!r}, not a "
-                    f"number. Every column but the id, time, label and split columns is a "
-                    "feature: fix the value, or drop the column."
-                ) from None
-    return matrix
-
-
-def _class_names(labels: np.ndarray) -> list[Any]:
-    """Sorted: numerically for integer labels, else as text."""
-    unique = set(labels.tolist())
-    if all(isinstance(v, int | np.integer) for v in unique):
-        return sorted(unique)
-    return sorted(unique, key=str)
-
-
-def _one_per_sequence(
-    values: np.ndarray, group: np.ndarray, starts: np.ndarray, ids: np.ndarray, what: str, where
-) -> np.ndarray:
-    """Each sequence's value of a per-row column; refuses a sequence whose rows disagree."""
-    first = values[starts][group]
-    disagree = np.flatnonzero(first != values)
-    if len(disagree):
-        row = disagree[0]
-        first_row = np.flatnonzero(group == group[row])[0]
-        raise UserError(
-            f"{where}: sequence {ids[group[row]]!r} has rows with {what}s "
-            f"{values[first_row]!r} and {values[row]!r} (rows {first_row + 1} and {row + 1}). "
-            f"Give each sequence one {what}."
-        )
-    return values[starts]
 
 
 def read_sequence_table(
-    path: str | Path,
-    reading: Mapping[str, Any],
-    *,
-    to_predict: bool = False,
-    option: str = "data.path",
+    path: str | Path, reading: Mapping[str, Any], trained: list[str] | None = None
 ) -> SequenceTable:
-    """Group the rows into sequences (ordered by the time column if present) and check them.
-    `reading`: the TABLE_READING keys' values.
+    """Group the rows into sequences, ordered by id, their steps by the time column if present
+    (`reading`: the TABLE_READING keys' values), and check them. `trained`: the features a
+    checkpoint was trained on, to predict the table (`input=`): its label and split columns are
+    optional and ignored, its features are those, in that order, and its sequences come in the
+    order their ids first appear; their labels are their rows."""
+    import pyarrow  # only where tables are read
+    import pyarrow.csv
+    import pyarrow.parquet
 
-    `to_predict`: a table to predict with a checkpoint's column names, whose label and split
-    columns are optional and ignored. `option`: the argument that named the file (messages).
-    """
     path = Path(path)
-    where = f"{option}={path}"
+    where = f"{'data.path' if trained is None else 'input'}={path}"
 
-    def fix(key: str) -> str:
-        if to_predict:
-            return "Add it: the checkpoint was trained on a table with it."
-        return f"Add it, or name the column with data.{key}=<column>."
+    def column(name: str) -> np.ndarray:  # each row's value; a row without one is refused
+        values = np.asarray(table.column(name).to_pylist(), dtype=object)
+        missing = np.flatnonzero([v is None for v in values])
+        if len(missing):
+            raise UserError(
+                f"{where}: row {missing[0] + 1} has no {name!r} value. Give every row one."
+            )
+        return values
 
-    table = read_arrow(path, option)
+    def one_per_sequence(values: np.ndarray, what: str) -> np.ndarray:  # rows must agree
+        disagree = np.flatnonzero(values[first_rows][group] != values)
+        if len(disagree):
+            row = disagree[0]
+            first_row = first_rows[group[row]]
+            raise UserError(
+                f"{where}: sequence {ids[group[row]]!r} has rows with {what}s "
+                f"{values[first_row]!r} and {values[row]!r} (rows {first_row + 1} and {row + 1}). "
+                f"Give each sequence one {what}."
+            )
+        return values[first_rows]
+
+    if not path.is_file():
+        raise UserError(f"{where}: no such file. Give a CSV or Parquet table.")
+    try:
+        parquet = path.suffix.lower() in (".parquet", ".pq")
+        table = pyarrow.parquet.read_table(path) if parquet else pyarrow.csv.read_csv(path)
+    except pyarrow.ArrowInvalid as error:
+        if "Empty CSV file" in str(error):
+            raise UserError(f"{where} is empty: it has no header and no rows.") from None
+        raise UserError(f"{where} cannot be read as a table: {error}") from None
     if table.num_rows == 0:
         raise UserError(f"{where} has no rows. Give one row per time step.")
-    row_ids = _column(table, reading["id_column"], where, fix("id_column"))
-    if not to_predict:
-        labels = _column(table, reading["label_column"], where, fix("label_column"))
+    columns = table.column_names
+    fix = "Add it: the checkpoint was trained on a table with it." if trained else None
+    for key in ("id_column",) if trained else ("id_column", "label_column"):
+        if reading[key] not in columns:
+            raise UserError(
+                f"{where} has no column {reading[key]!r} (columns: {', '.join(columns)}). "
+                f"{fix or f'Add it, or name the column with data.{key}=<column>.'}"
+            )
     label_column, time_column, split_column = (
-        name if name in table.column_names else None
-        for name in (reading["label_column"], reading["time_column"], reading["split_column"])
+        reading[key] if reading[key] in columns else None
+        for key in ("label_column", "time_column", "split_column")
     )
     special = {reading["id_column"], label_column, time_column, split_column} - {None}
-    features = [name for name in table.column_names if name not in special]
+    features = [name for name in columns if name not in special]
     if not features:
         raise UserError(f"{where} has no feature columns, only {', '.join(special)}.")
-    values = _feature_matrix(table, features, where)
+    for name in trained or ():
+        if name not in features:
+            raise UserError(
+                f"{where} has no feature column {name!r}, which the checkpoint was trained on "
+                f"(features: {', '.join(trained)}). Add it."
+            )
+    for name in features if trained else ():
+        if name not in trained:
+            raise UserError(
+                f"{where} has a column {name!r} that is not a feature the checkpoint was trained "
+                f"on (features: {', '.join(trained)}), nor its id, label, time or split column. "
+                "Drop it."
+            )
+    features = trained or features
+    values = np.empty((table.num_rows, len(features)))  # float64; missing values NaN
+    for j, name in enumerate(features):
+        read = table.column(name)
+        if pyarrow.types.is_integer(read.type) or pyarrow.types.is_floating(read.type):
+            values[:, j] = read.to_numpy(zero_copy_only=False)
+            continue
+        for i, value in enumerate(read.to_pylist()):
+            try:
+                values[i, j] = np.nan if value is None else float(value)
+            except (TypeError, ValueError):
+                raise UserError(
+                    f"{where}: column {name!r} row {i + 1} holds {value!r}, not a number. Every "
+                    "column but the id, time, label and split columns is a feature: fix the "
+                    "value, or drop the column."
+                ) from None
 
-    try:  # and the file row where each sequence first appears
-        ids, first_rows, group = np.unique(row_ids, return_index=True, return_inverse=True)
-    except TypeError:  # ids of mixed kinds (numbers and text) do not sort
-        ids, first_rows, group = np.unique(
-            row_ids.astype(str), return_index=True, return_inverse=True
-        )
-    order_within = np.arange(len(group))
-    if time_column is not None:
-        order_within = _column(table, time_column, where, fix("time_column")).astype(float)
-    order = np.lexsort((order_within, group))  # by sequence, then by time (or file row)
-    counts = np.bincount(group, minlength=len(ids))
-    starts = np.searchsorted(group[order], np.arange(len(ids)))
-
-    empty_rows = np.isnan(values).all(axis=1)
-    empty = np.flatnonzero(np.bincount(group, weights=empty_rows, minlength=len(ids)) == counts)
+    # Each row's sequence, and the file row where each sequence first appears.
+    row_ids = column(reading["id_column"])
+    ids, first_rows, group = np.unique(row_ids, return_index=True, return_inverse=True)
+    within = np.arange(len(group)) if time_column is None else column(time_column)
+    order = np.lexsort((within.astype(float), group))  # by sequence, then by time (or file row)
+    real_rows = np.bincount(group, weights=~np.isnan(values).all(axis=1), minlength=len(ids))
+    empty = np.flatnonzero(real_rows == 0)
     if len(empty):
         rows = np.flatnonzero(group == empty[0]) + 1
         raise UserError(
@@ -182,7 +146,7 @@ def read_sequence_table(
     if reading["missing"] == "refuse" and np.isnan(values).any():
         row, col = np.argwhere(np.isnan(values))[0]
         remedy = (
-            "the checkpoint was trained with data.missing=refuse" if to_predict
+            "the checkpoint was trained with data.missing=refuse" if trained
             else "set data.missing=mean to fill missing values with the training mean"
         )  # fmt: skip
         raise UserError(
@@ -190,55 +154,37 @@ def read_sequence_table(
             f"{remedy}."
         )
     steps = torch.from_numpy(values[order].astype(np.float32))
-    sequences = list(torch.split(steps, counts.tolist()))
-    if to_predict:
+    sequences = list(torch.split(steps, np.bincount(group, minlength=len(ids)).tolist()))
+    if trained:  # in the order the ids first appear; their labels: their rows
+        appearance = np.argsort(first_rows)
+        sequences = [sequences[i] for i in appearance]
         return SequenceTable(
-            ids=ids.tolist(), sequences=sequences, labels=torch.zeros(len(ids), dtype=torch.long),
-            classes=[], splits=[None] * len(ids), features=features,
-            first_rows=first_rows.tolist(),
-        )  # fmt: skip
+            ids[appearance].tolist(), sequences, torch.arange(len(ids)), [], [], features
+        )
 
-    sorted_group = group[order]
-    label_per_seq = _one_per_sequence(labels[order], sorted_group, starts, ids, "label", where)
-    classes = _class_names(label_per_seq)
-    index = {name: i for i, name in enumerate(classes)}
-    splits: list[str | None] = [None] * len(ids)
+    labels = one_per_sequence(column(label_column), "label")
+    # Integer labels sort as numbers, any others as text.
+    integers = all(isinstance(label, int) for label in labels.tolist())
+    classes, labels = np.unique(labels if integers else labels.astype(str), return_inverse=True)
+    splits = ["train"] * len(ids)
     if split_column is not None:
-        split_rows = _column(table, split_column, where, fix("split_column"))
+        split_rows = column(split_column)
         unknown = sorted(set(split_rows.tolist()) - set(SPLITS))
         if unknown:
             raise UserError(
                 f"{where}: column {split_column!r} holds {unknown[0]!r}; "
                 "its values are train, val or test."
             )
-        splits = _one_per_sequence(
-            split_rows[order], sorted_group, starts, ids, "split", where
-        ).tolist()
-    return SequenceTable(
-        ids=ids.tolist(),
-        sequences=sequences,
-        labels=torch.tensor([index[label] for label in label_per_seq.tolist()]),
-        classes=[str(name) for name in classes],
-        splits=splits,
-        features=features,
-        first_rows=first_rows.tolist(),
-    )
+        splits = one_per_sequence(split_rows, "split").tolist()
+    classes = classes.astype(str).tolist()
+    return SequenceTable(ids.tolist(), sequences, torch.tensor(labels), classes, splits, features)
 
 
 class LengthBucketSampler(ResumableDistributedSampler):
     """`ResumableDistributedSampler`'s epochs (every sample as often, seeded, this process's share,
-    resumable mid-epoch), served in batches of similar lengths.
-
-    Each epoch: a seeded permutation of the whole set (padded to an even share per process, as
-    DistributedSampler does) is cut into pools of `pool_batches` global batches; a pool is sorted
-    by length and cut into global batches, whose order is shuffled; each global batch is dealt
-    to the processes in turn, so every process gets `batch_size` samples of about one length per
-    step. The DataLoader's batches (of `batch_size`) are these, one after another.
-
-    The order depends on the number of processes only through the padding (data.batch_size is
-    global): a run resumed on another number serves exactly the rest of the epoch when the set
-    divides evenly by both.
-    """
+    resumable mid-epoch) in batches of similar lengths: pools of `pool_batches` global batches
+    sorted by length, the global batches' order drawn, each dealt to the processes in turn. The
+    order depends on the process count only through the padding (data.batch_size is global)."""
 
     def __init__(
         self,
@@ -261,23 +207,13 @@ class LengthBucketSampler(ResumableDistributedSampler):
         order = torch.tensor(self.shuffled(generator))
         order = torch.cat([order, order[: self.total_size - len(order)]])  # an even share each
         global_batch = self.batch_size * self.num_replicas
-        pool = global_batch * self.pool_batches
-        batches = []
-        for start in range(0, len(order), pool):
-            members = order[start : start + pool]
-            by_length = members[torch.sort(self.lengths[members], stable=True).indices]
-            batches += list(torch.split(by_length, global_batch))
+        pools = torch.split(order, global_batch * self.pool_batches)
+        by_length = torch.cat([pool[self.lengths[pool].argsort(stable=True)] for pool in pools])
+        batches = torch.split(by_length, global_batch)
         # A last, short global batch stays last: each process's batches keep their boundaries.
-        full = [b for b in batches if len(b) == global_batch]
-        short = [b for b in batches if len(b) < global_batch]
-        shuffled = [full[i] for i in torch.randperm(len(full), generator=generator).tolist()]
-        # Dealt one each in turn, each global batch (a multiple of the processes) gives every
-        # process `batch_size` of its samples.
-        return [index for batch in (*shuffled, *short) for index in batch.tolist()]
-
-
-# A batch: steps `(B, T, F)` zero-padded after each sequence's end, lengths `(B,)`, labels `(B,)`.
-SequenceBatch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+        full = len(order) // global_batch
+        drawn = [batches[i] for i in torch.randperm(full, generator=generator).tolist()]
+        return torch.cat([*drawn, *batches[full:]]).tolist()
 
 
 def standardised(steps: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
@@ -285,21 +221,17 @@ def standardised(steps: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> 
     return ((steps - mean) / std).nan_to_num(0.0)
 
 
+@dataclass(eq=False, repr=False)
 class Sequences(Dataset):
     """Sequences `(T_i, F)` as the table holds them and their class indices, served standardised
     with `mean` and `std` (`(F,)`), as served, not once: a checkpoint's statistics, loaded after
-    `setup`, apply. `collate` pads a batch; `ids` name the rows kindling.predict writes."""
+    `setup`, apply. `ids` name the rows kindling.predict writes."""
 
-    def __init__(
-        self,
-        sequences: list[torch.Tensor],
-        labels: torch.Tensor,
-        mean: torch.Tensor,
-        std: torch.Tensor,
-        ids: list | None = None,
-    ):
-        self.sequences, self.labels = sequences, labels
-        self.mean, self.std, self.ids = mean, std, ids
+    sequences: list[torch.Tensor]
+    labels: torch.Tensor
+    mean: torch.Tensor
+    std: torch.Tensor
+    ids: list | None = None
 
     def __len__(self) -> int:
         return len(self.sequences)
@@ -308,18 +240,17 @@ class Sequences(Dataset):
         return standardised(self.sequences[index], self.mean, self.std), self.labels[index]
 
     @staticmethod
-    def collate(samples: list[tuple[torch.Tensor, torch.Tensor]]) -> SequenceBatch:
-        steps = [sequence for sequence, _ in samples]
-        lengths = torch.tensor([len(sequence) for sequence in steps], dtype=torch.long)
-        labels = torch.stack([label for _, label in samples])
-        return pad_sequence(steps, batch_first=True), lengths, labels
+    def collate(samples: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, ...]:
+        """Steps `(B, T, F)`, zero-padded after each sequence's end; lengths `(B,)`; labels."""
+        steps, labels = zip(*samples, strict=True)
+        lengths = torch.tensor([len(sequence) for sequence in steps])
+        return pad_sequence(steps, batch_first=True), lengths, torch.stack(labels)
 
 
 def collate_to_predict(samples: list[tuple[torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
     """A padded batch of sequences whose labels are their rows, laid out as new inputs are:
     `[steps, lengths, rows, readable]`."""
-    steps, lengths, rows = Sequences.collate(samples)
-    return [steps, lengths, rows, torch.ones(len(rows), dtype=torch.bool)]
+    return [*Sequences.collate(samples), torch.ones(len(samples), dtype=torch.bool)]
 
 
 def table_to_predict(
@@ -329,44 +260,23 @@ def table_to_predict(
     mean: torch.Tensor,
     std: torch.Tensor,
 ) -> tuple[Sequences, list[str]]:
-    """The sequences of the table `python -m kindling.predict input=<table>` names, in the order
-    their ids first appear, and their ids: read as the training table was (`reading`: its
-    TABLE_READING keys), features in the training order."""
-    table = read_sequence_table(path, reading, to_predict=True, option="input")
-    check_features(table.features, features, path)
-    take = [table.features.index(name) for name in features]
-    order = sorted(range(len(table.ids)), key=table.first_rows.__getitem__)
-    sequences = [table.sequences[i][:, take] for i in order]
-    dataset = Sequences(sequences, torch.arange(len(order)), mean, std)  # labels: the rows
+    """The sequences of the table `python -m kindling.predict input=<table>` names and their ids,
+    read as the training table was (`reading`: its TABLE_READING keys)."""
+    table = read_sequence_table(path, reading, trained=features)
+    dataset = Sequences(table.sequences, table.labels, mean, std)
     dataset.collate = collate_to_predict
-    return dataset, [str(table.ids[i]) for i in order]
-
-
-def check_features(found: list[str], trained: list[str], path: str) -> None:
-    for name in trained:
-        if name not in found:
-            raise UserError(
-                f"input={path} has no feature column {name!r}, which the checkpoint was trained "
-                f"on (features: {', '.join(trained)}). Add it."
-            )
-    for name in found:
-        if name not in trained:
-            raise UserError(
-                f"input={path} has a column {name!r} that is not a feature the checkpoint was "
-                f"trained on (features: {', '.join(trained)}), nor its id, label, time or split "
-                "column. Drop it."
-            )
+    return dataset, [str(name) for name in table.ids]
 
 
 class SequenceTableDataModule(SplitDataModule):
-    """Sequences of different lengths from one table in the long layout (tsfresh, sktime):
-    `read_sequence_table` reads it. Absent val and test splits are carved from train
-    (stratified, seeded). Each feature is standardised with the mean and standard deviation of
-    the training split's time steps; they are stored in checkpoints with the class names. Its
-    arguments are configs/data/sequences.yaml's keys, explained there.
-    """
+    """Sequences of different lengths from one table in the long layout (tsfresh, sktime),
+    which `read_sequence_table` reads. Its arguments are configs/data/sequences.yaml's keys."""
 
     fixed_batch_shapes = False  # each batch is padded to its longest sequence
+    classes: list[str] | None = None
+    features: list[str] | None = None
+    mean: torch.Tensor | None = None  # (F,) of the training split's steps
+    std: torch.Tensor | None = None
 
     def __init__(
         self,
@@ -396,69 +306,31 @@ class SequenceTableDataModule(SplitDataModule):
         self.save_hyperparameters()
         if not 0.0 < test_fraction < 1.0:
             raise UserError(f"data.test_fraction must be between 0 and 1, got {test_fraction}.")
-        self.classes: list[str] | None = None
-        self.features: list[str] | None = None
-        self.mean: torch.Tensor | None = None  # (F,) of the training split's steps
-        self.std: torch.Tensor | None = None
 
     def inputs_to_predict(self, path: str) -> tuple[Sequences, list[str]]:
         return table_to_predict(path, self.hparams, self.features, self.mean, self.std)
 
     def setup_splits(self) -> None:
         hp, table = self.hparams, self.table
-        splits = self._splits(table)
-        self._check_counts(table, splits)
-        train_steps = torch.cat([table.sequences[i] for i in splits["train"].tolist()])
-        if self.mean is None:  # a checkpoint's statistics win over the table's
-            # Statistics of the training split only: nothing from validation or test leaks in.
-            self.mean = train_steps.nanmean(dim=0)
-            centred = (train_steps - self.mean).nan_to_num(0.0)
-            count = (~train_steps.isnan()).sum(dim=0).clamp_min(2)
-            self.std = (centred.square().sum(dim=0) / (count - 1)).sqrt().clamp_min(1e-6)
-        self.classes, self.features = table.classes, table.features
-        datasets = {
-            name: Sequences(
-                [table.sequences[i] for i in indices.tolist()],
-                table.labels[indices],
-                self.mean,
-                self.std,
-                [table.ids[i] for i in indices.tolist()],
-            )
-            for name, indices in splits.items()
-        }
-        self.data_train, self.data_val, self.data_test = (datasets[s] for s in splits)
-        lengths = [len(s) for s in table.sequences]
-        counts = ", ".join(f"{name} {len(indices)}" for name, indices in splits.items())
-        log.info(
-            "%s: %d classes, %d features, lengths %d-%d; sequences: %s.",
-            hp.path, len(table.classes), len(table.features), min(lengths), max(lengths), counts,
-        )  # fmt: skip
-
-    def _splits(self, table: SequenceTable) -> dict[str, torch.Tensor]:
-        hp = self.hparams
         given = {s: torch.tensor([i for i, x in enumerate(table.splits) if x == s]) for s in SPLITS}
-        if all(split is None for split in table.splits):
-            given["train"] = torch.arange(len(table.splits))
-        if len(given["train"]) == 0:
+        train, val, test = given.values()
+        if len(train) == 0:
             raise UserError(f"data.path={hp.path}: no sequence has split 'train'.")
-        if len(given["val"]) and hp.folds is not None:
+        if len(val) and hp.folds is not None:
             raise UserError(
                 f"data.folds={hp.folds}: data.path={hp.path} has a val split of its own. Leave "
                 "out data.folds and data.fold, or mark those sequences train to cross-validate."
             )
-        train, labels = given["train"], table.labels
-        if not len(given["test"]):
-            rest, test = split_off(labels[train], hp.test_fraction, hp.seed, stratify=True)
-            train, given["test"] = train[rest], train[test]
-        if hp.folds is not None or not len(given["val"]):
-            rest, val = split_off(labels[train], hp.val_fraction, hp.seed + 1, folds=hp.folds,
+        if not len(test):
+            rest, test = split_off(table.labels[train], hp.test_fraction, hp.seed, stratify=True)
+            train, test = train[rest], train[test]
+        if hp.folds is not None or not len(val):
+            rest, val = split_off(table.labels[train], hp.val_fraction, hp.seed + 1, folds=hp.folds,
                                   fold=hp.fold, stratify=True)  # fmt: skip
-            train, given["val"] = train[rest], train[val]
-        return {"train": train, "val": given["val"], "test": given["test"]}
+            train, val = train[rest], train[val]
+        splits = {"train": train, "val": val, "test": test}
 
-    def _check_counts(self, table: SequenceTable, splits: dict[str, torch.Tensor]) -> None:
-        hp = self.hparams
-        trained = set(table.labels[splits["train"]].tolist())
+        trained = set(table.labels[train].tolist())
         for name in ("val", "test"):
             unseen = sorted(set(table.labels[splits[name]].tolist()) - trained)
             if unseen:
@@ -481,6 +353,26 @@ class SequenceTableDataModule(SplitDataModule):
                     f"data.{name} out: it is read from the table."
                 )
 
+        if self.mean is None:  # a checkpoint's statistics win over the table's
+            # Statistics of the training split only: nothing from validation or test leaks in.
+            train_steps = torch.cat([table.sequences[i] for i in train.tolist()])
+            self.mean = train_steps.nanmean(dim=0)
+            centred = (train_steps - self.mean).nan_to_num(0.0)
+            count = (~train_steps.isnan()).sum(dim=0).clamp_min(2)
+            self.std = (centred.square().sum(dim=0) / (count - 1)).sqrt().clamp_min(1e-6)
+        self.classes, self.features = table.classes, table.features
+        for name, indices in splits.items():
+            rows = indices.tolist()
+            sequences, ids = [table.sequences[i] for i in rows], [table.ids[i] for i in rows]
+            split = Sequences(sequences, table.labels[indices], self.mean, self.std, ids)
+            setattr(self, f"data_{name}", split)
+        lengths = [len(s) for s in table.sequences]
+        counts = ", ".join(f"{name} {len(indices)}" for name, indices in splits.items())
+        log.info(
+            "%s: %d classes, %d features, lengths %d-%d; sequences: %s.",
+            hp.path, len(table.classes), len(table.features), min(lengths), max(lengths), counts,
+        )  # fmt: skip
+
     @functools.cached_property
     def table(self) -> SequenceTable:
         return read_sequence_table(self.hparams.path, self.hparams)
@@ -498,8 +390,7 @@ class SequenceTableDataModule(SplitDataModule):
         if not self.hparams.bucket:
             return super().training_sampler(dataset, world_size, rank, seed)
         lengths = [len(sequence) for sequence in dataset.sequences]
-        batch_size = self.batch_size_per_device
-        passes = self.epoch_passes(dataset)
+        batch_size, passes = self.batch_size_per_device, self.epoch_passes(dataset)
         return LengthBucketSampler(dataset, world_size, rank, seed, lengths, batch_size, 32, passes)
 
     def state_dict(self) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from urllib.parse import urlparse
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, RandomSampler, Sampler, TensorDataset
 
 from kindling.data.loaders import SplitDataModule
 from kindling.errors import UserError
@@ -31,14 +31,8 @@ class Vocabulary:
 
     def __init__(self, characters: Iterable[str]):
         self.characters = sorted(set(characters))
-        if any(len(c) != 1 for c in self.characters):
-            raise ValueError("a vocabulary holds single characters")
         # Code points in sorted order: encoding is a vectorised binary search.
         self._codepoints = np.array([ord(c) for c in self.characters], dtype=np.int64)
-
-    @classmethod
-    def from_text(cls, text: str) -> "Vocabulary":
-        return cls(text)
 
     @classmethod
     def from_tensor(cls, codepoints: torch.Tensor) -> "Vocabulary":
@@ -56,7 +50,6 @@ class Vocabulary:
         return isinstance(other, Vocabulary) and self.characters == other.characters
 
     def encode(self, text: str) -> torch.Tensor:
-        """Ids of the characters of `text`, int64 of shape `(len(text),)`."""
         missing = sorted(set(text) - set(self.characters))
         if missing:
             raise UserError(
@@ -67,71 +60,56 @@ class Vocabulary:
         return torch.from_numpy(np.searchsorted(self._codepoints, codepoints))
 
     def decode(self, ids: Sequence[int] | torch.Tensor) -> str:
-        if isinstance(ids, torch.Tensor):
-            ids = ids.tolist()
-        return "".join(self.characters[i] for i in ids)
+        return "".join(self.characters[i] for i in torch.as_tensor(ids).tolist())
 
 
-class TokenWindows(Dataset):
-    """Windows of a token sequence, one every `stride` tokens (back to back by default): input
-    `tokens[s:s+T]`, target the same window shifted by one."""
+class TokenWindows(TensorDataset):
+    """Windows of `tokens`, one every `stride` tokens (back to back by default): input
+    `tokens[s:s+T]`, target the same window shifted by one (views of `tokens`, not copies)."""
 
     def __init__(self, tokens: torch.Tensor, length: int, stride: int | None = None):
         if len(tokens) < length + 1:
             raise ValueError(f"{len(tokens)} tokens cannot make a window of {length} + 1")
-        self.tokens, self.length, self.stride = tokens, length, stride or length
-
-    def __len__(self) -> int:
-        # The last window needs one token past its end for its last target.
-        return (len(self.tokens) - self.length - 1) // self.stride + 1
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if not 0 <= index < len(self):
-            raise IndexError(index)
-        start = index * self.stride
-        chunk = self.tokens[start : start + self.length + 1]
-        return chunk[:-1], chunk[1:]
+        windows = tokens.unfold(0, length + 1, stride or length)
+        super().__init__(windows[:, :-1], windows[:, 1:])
+        self.tokens = tokens
 
 
 class RandomWindowSampler(Sampler[int]):
-    """`num_samples` indices of a dataset of `num_windows`, drawn anew each epoch, with
-    replacement, as nanoGPT draws its batches, from torch's global generator (as `RandomSampler`
-    draws; `seed_everything` fixes it, a resumed run restores it). Not a `RandomSampler`, which
-    Lightning would swap for a `DistributedSampler` over all windows; this one it wraps.
+    """`RandomSampler`'s draws with replacement, `num_samples` of `num_windows` an epoch, as
+    nanoGPT draws its batches, seeded from torch's global generator (`seed_everything` fixes it, a
+    resumed run restores it). Not a `RandomSampler` itself, which Lightning would swap for a
+    `DistributedSampler` over all windows; this one it wraps.
     """
 
     def __init__(self, num_windows: int, num_samples: int):
-        self.num_windows, self.num_samples = num_windows, num_samples
+        self.draws = RandomSampler(range(num_windows), replacement=True, num_samples=num_samples)
 
     def __len__(self) -> int:
-        return self.num_samples
+        return len(self.draws)
 
     def __iter__(self) -> Iterator[int]:
-        seed = int(torch.empty((), dtype=torch.int64).random_().item())
-        generator = torch.Generator().manual_seed(seed)
-        draws = torch.randint(self.num_windows, (self.num_samples,), generator=generator)
-        return iter(draws.tolist())
+        return iter(self.draws)
 
 
 def default_corpus() -> str:
     """The Python Language Reference as plain text: the topics of `help()`, shipped with Python."""
-    try:
-        from pydoc_data.topics import topics
-    except ImportError as error:
-        raise UserError(
-            "The default corpus (pydoc_data.topics, part of Python's standard library) is missing "
-            "from this Python. Train on your own text with data.path=<file or folder>, or fetch "
-            "one with data.download=tiny_shakespeare."
-        ) from error
+    from pydoc_data.topics import topics
+
     return "\n".join(topics[name] for name in sorted(topics))
 
 
 def read_corpus(path: str | Path) -> str:
     """A UTF-8 file, or every non-hidden file under a folder (in path order), as one string."""
     path = Path(path)
-    if path.is_file():
-        files = [path]
-    elif path.is_dir():
+    if not path.exists():
+        raise UserError(
+            f"data.path={str(path)!r} does not exist. Point it at a UTF-8 text file or a folder "
+            "of them (relative paths start from where you run train.py), or set data.path=null "
+            "for the default corpus."
+        )
+    files = [path]
+    if path.is_dir():
         files = sorted(
             p
             for p in path.rglob("*")
@@ -139,12 +117,6 @@ def read_corpus(path: str | Path) -> str:
         )
         if not files:
             raise UserError(f"data.path={str(path)!r} is a folder with no files. Add text files.")
-    else:
-        raise UserError(
-            f"data.path={str(path)!r} does not exist. Point it at a UTF-8 text file or a folder "
-            "of them (relative paths start from where you run train.py), or set data.path=null "
-            "for the default corpus."
-        )
     texts = []
     for file in files:
         try:
@@ -157,28 +129,10 @@ def read_corpus(path: str | Path) -> str:
     return "\n".join(texts)
 
 
-def download_target(download: str, data_dir: str | Path) -> tuple[str, Path]:
-    """The address of `download` (a name in CORPORA or an http(s) address) and its cache file."""
-    folder = Path(data_dir) / "text"
-    if download in CORPORA:
-        return CORPORA[download], folder / f"{download}.txt"
-    if urlparse(download).scheme in ("http", "https"):
-        # A short hash of the address keeps two `input.txt` from different places apart.
-        tag = hashlib.sha256(download.encode()).hexdigest()[:12]
-        name = Path(urlparse(download).path).name or "corpus.txt"
-        return download, folder / f"{tag}-{name}"
-    raise UserError(
-        f"data.download={download!r} is neither a known corpus ({', '.join(CORPORA)}) "
-        "nor an http(s) address."
-    )
-
-
 class CharTextDataModule(SplitDataModule):
-    """A character-level corpus, split by position into train | val | test, served as windows
-    of `context_length` characters with the window shifted by one as the target. The vocabulary
-    is the whole corpus's characters: no split meets an unknown one. Its arguments are
-    configs/data/text/char.yaml's keys, explained there.
-    """
+    """A character-level corpus split by position into train | val | test, in windows of
+    `context_length` characters, targets shifted by one. The vocabulary is the whole corpus's
+    characters: no split meets an unknown one. Its arguments: configs/data/text/char.yaml."""
 
     def __init__(
         self,
@@ -200,8 +154,19 @@ class CharTextDataModule(SplitDataModule):
             raise UserError(
                 f"Set one of data.path={path!r} and data.download={download!r}, not both."
             )
-        if download is not None:
-            download_target(download, data_dir)  # fail at construction on a bad name
+        self.download: tuple[str, Path] | None = None  # the address to fetch, the file it fills
+        if download in CORPORA:
+            self.download = CORPORA[download], Path(data_dir) / "text" / f"{download}.txt"
+        elif download is not None:
+            if urlparse(download).scheme not in ("http", "https"):
+                raise UserError(
+                    f"data.download={download!r} is neither a known corpus "
+                    f"({', '.join(CORPORA)}) nor an http(s) address."
+                )
+            # A short hash of the address keeps two `input.txt` from different places apart.
+            tag = hashlib.sha256(download.encode()).hexdigest()[:12]
+            name = Path(urlparse(download).path).name or "corpus.txt"
+            self.download = download, Path(data_dir) / "text" / f"{tag}-{name}"
         if context_length < 1:
             raise UserError(f"data.context_length must be at least 1, got {context_length}.")
         if not 0.0 <= test_fraction < 1.0:
@@ -218,11 +183,9 @@ class CharTextDataModule(SplitDataModule):
 
     def prepare_data(self) -> None:
         # Lightning calls this on one process per node, before setup(): the place to download.
-        if self.hparams.download is None:
+        if self.download is None or self.download[1].is_file():
             return
-        url, cached = download_target(self.hparams.download, self.hparams.data_dir)
-        if cached.is_file():
-            return
+        url, cached = self.download
         try:  # atomically: a failed download leaves no partial file
             with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as response:
                 write_atomically(cached, lambda file: shutil.copyfileobj(response, file))
@@ -233,11 +196,10 @@ class CharTextDataModule(SplitDataModule):
             ) from error
 
     def load_text(self) -> str:
-        hp = self.hparams
-        if hp.path is not None:
-            return read_corpus(hp.path)
-        if hp.download is not None:
-            _url, cached = download_target(hp.download, hp.data_dir)
+        if self.hparams.path is not None:
+            return read_corpus(self.hparams.path)
+        if self.download is not None:
+            cached = self.download[1]
             if not cached.is_file():
                 raise UserError(f"{cached} is missing: call prepare_data() to download it.")
             return read_corpus(cached)
@@ -249,7 +211,7 @@ class CharTextDataModule(SplitDataModule):
             raise UserError(
                 f"The corpus {hp.path or hp.download!r} is empty. Point data.path at a text file."
             )
-        self.vocabulary = Vocabulary.from_text(text)
+        self.vocabulary = Vocabulary(text)
         tokens = self.vocabulary.encode(text)
 
         # By position, not at random: neighbouring windows share text, so a shuffled split
@@ -257,10 +219,8 @@ class CharTextDataModule(SplitDataModule):
         num_val = round(len(tokens) * hp.val_fraction)
         num_test = round(len(tokens) * hp.test_fraction)
         num_train = len(tokens) - num_val - num_test
-        splits = torch.split(
-            tokens, [num_train, num_val, num_test] if num_test else [num_train, num_val]
-        )
-        shortest = min(len(s) for s in splits)
+        train, val, test = torch.split(tokens, [num_train, num_val, num_test])
+        shortest = min(len(train), len(val), len(test) or len(val))
         length = hp.context_length
         if shortest < length + 1:
             raise UserError(
@@ -268,10 +228,9 @@ class CharTextDataModule(SplitDataModule):
                 f"too few for one window of data.context_length={length} plus its target. "
                 "Use a longer text, a smaller data.context_length, or larger split fractions."
             )
-        self.data_train, self.data_val, *rest = (TokenWindows(s, length) for s in splits)
-        self.data_test = rest[0] if rest else self.data_val
-        if hp.random_offsets:
-            self.data_train = TokenWindows(splits[0], length, stride=1)
+        self.data_train = TokenWindows(train, length, stride=1 if hp.random_offsets else None)
+        self.data_val = TokenWindows(val, length)
+        self.data_test = TokenWindows(test, length) if num_test else self.data_val
 
     def train_dataloader(self) -> DataLoader:
         if not self.hparams.random_offsets:
