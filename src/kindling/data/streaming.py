@@ -23,8 +23,8 @@ from litdata.exceptions import ChunkWaitTimeoutError
 from torch.utils.data import Dataset
 
 from kindling.data.augment import Transform, worker_transform
-from kindling.data.image_folder import files_to_predict, to_model_input
-from kindling.data.loaders import SPLITS, SplitDataModule
+from kindling.data.image_folder import LabelledDataModule, files_to_predict
+from kindling.data.loaders import SPLITS
 from kindling.data.sequences import TABLE_READING, Sequences, standardised, table_to_predict
 from kindling.errors import UserError
 from kindling.files import probe_writable
@@ -225,14 +225,15 @@ class PreparedSplit(StreamingDataset):
         return image, sample["label"]
 
 
-class StreamingDataModule(SplitDataModule):
+class StreamingDataModule(LabelledDataModule):
     """The splits `python -m kindling.prepare` wrote, of images or sequences, streamed with LitData.
 
     Every process of a multi-device run reads its own part of each epoch, all the same number
-    of batches. The train loader's position is saved in checkpoints: a run resumed mid-epoch
-    reads exactly the samples the interrupted one had left. Images cross to the device as uint8
-    and are standardised there. Its arguments are configs/data/streaming.yaml's keys; those
-    left null that describe the data are read from the copy, those given are checked against it.
+    of batches. The train loader's position is saved in checkpoints (by Lightning, restored by
+    `ResumeExactly`): a run resumed mid-epoch reads exactly the samples the interrupted one had
+    left. Images cross to the device as uint8 and are standardised there. Its arguments are
+    configs/data/streaming.yaml's keys; those left null that describe the data are read from
+    the copy, those given are checked against it.
     """
 
     def __init__(
@@ -255,13 +256,9 @@ class StreamingDataModule(SplitDataModule):
         super().__init__()
         self.save_hyperparameters(ignore=["augment"])
         self.transform = worker_transform(augment)
-        self.classes: list[str] | None = None
+        self.storage_options = dict(storage_options or {})
         self.features: list[str] | None = None  # sequences: the table's features, and how it was
         self.table_reading: dict[str, Any] | None = None  # read (what kindling.predict reads)
-        self.mean: torch.Tensor | None = None  # images: (1, C, 1, 1), [0, 1] units; sequences: (F,)
-        self.std: torch.Tensor | None = None
-        self.train_loader: StreamingDataLoader | None = None
-        self._train_loader_state: dict[str, Any] | None = None  # from a checkpoint
 
     @functools.cached_property
     def metadata(self) -> dict[str, Any]:
@@ -270,10 +267,6 @@ class StreamingDataModule(SplitDataModule):
     @property
     def kind(self) -> str:
         return self.metadata.get("kind", IMAGES)  # the first copies held images only
-
-    @property
-    def storage_options(self) -> dict[str, Any]:
-        return dict(self.hparams.storage_options or {})
 
     def describe(self) -> dict[str, Any]:  # None where the copy's kind has no value
         keys = ("image_shape", "num_features", "max_length")
@@ -313,12 +306,7 @@ class StreamingDataModule(SplitDataModule):
                     "or less, or run on one process."
                 )
         check_chunks(hp.input_dir)
-        if self.classes is not None and self.classes != metadata["classes"]:
-            raise UserError(
-                f"data.input_dir={hp.input_dir} has the classes {', '.join(metadata['classes'])}, "
-                f"but the checkpoint was trained on {', '.join(self.classes)}. Use a copy of the "
-                "checkpoint's data."
-            )
+        self.check_classes(metadata["classes"], self.classes)
         self.classes, self.features = metadata["classes"], metadata.get("features")
         if self.kind == SEQUENCES:
             self.table_reading = {key: metadata["source"][key] for key in TABLE_READING}
@@ -383,43 +371,22 @@ class StreamingDataModule(SplitDataModule):
         # The last partial batch is dropped (BatchNorm, compiled shapes), unless it is the only
         # one: a split smaller than one batch still trains (on one process: setup refuses more).
         drop_last = len(self.data_train) >= self.batch_size_per_device
-        self.train_loader = self._loader(self.data_train, drop_last=drop_last)
-        if self._train_loader_state is not None:
-            # Set here rather than by Lightning, which skips the loader state when the loader
-            # was made before the checkpoint's loops were restored (a schedule that reads
-            # `trainer.estimated_stepping_batches`).
-            self.train_loader.load_state_dict(self._train_loader_state)
-            self._train_loader_state = None
-        return self.train_loader
+        return self._loader(self.data_train, drop_last=drop_last)
 
     @property
     def fixed_batch_shapes(self) -> bool:
         return self.hparams.image_shape is not None  # a copy of sequences is padded per batch
 
-    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        # The model summary's example input; sequences, standardised in the workers.
-        if not isinstance(batch, list | tuple) or batch[0].dtype != torch.uint8:
-            return batch
-        images, *rest = batch  # labels, or a prediction's rows and readable
-        mean, std = self.mean.to(images.device), self.std.to(images.device)
-        return [to_model_input(images, mean, std), *rest]
-
     def state_dict(self) -> dict[str, Any]:
-        # Lightning stores this in every checkpoint: prediction needs no training data, and
-        # resumed training continues where the train loader stopped.
-        state = {"mean": self.mean, "std": self.std, "classes": self.classes}
+        state = super().state_dict()
         if self.features is not None:  # sequences: what kindling.predict reads from a table
             state["features"], state["table_reading"] = self.features, self.table_reading
-        if self.train_loader is not None:
-            state["train_loader"] = self.train_loader.state_dict()
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.mean, self.std = state_dict["mean"], state_dict["std"]
-        self.classes = state_dict["classes"]
+        super().load_state_dict(state_dict)
         self.features = state_dict.get("features", self.features)
         self.table_reading = state_dict.get("table_reading", self.table_reading)
-        self._train_loader_state = state_dict.get("train_loader")
         # Lightning loads a checkpoint's state after `setup`: sequences, standardised in the
         # workers, are served with its statistics (images are standardised with `self.mean`).
         for split in (self.data_train, self.data_val, self.data_test):
