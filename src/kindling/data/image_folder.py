@@ -16,6 +16,7 @@ from typing import Any, Literal
 import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, get_worker_info
+from torchvision.datasets.folder import IMG_EXTENSIONS
 from torchvision.io import ImageReadMode, decode_image, decode_jpeg, read_file
 from torchvision.transforms.v2.functional import pil_to_tensor, resize
 
@@ -27,10 +28,8 @@ from kindling.files import write_atomically
 log = logging.getLogger(__name__)
 
 
-# What torchvision.io or PIL decode; anything else in a class folder is skipped and counted.
-IMAGE_SUFFIXES = frozenset(
-    {".png", ".jpg", ".jpeg", ".gif", ".webp", ".bmp", ".tif", ".tiff", ".ppm", ".pgm"}
-)
+# ImageFolder's and GIF: what torchvision.io or PIL decode. Other files are skipped and counted.
+IMAGE_SUFFIXES = frozenset((*IMG_EXTENSIONS, ".gif"))
 STATISTICS_FILE = ".kindling_statistics.json"  # beside the data, in data.path
 JPEG_MAGIC = b"\xff\xd8\xff"
 
@@ -103,28 +102,21 @@ class UnreadableImage(Exception):
     """A file that neither torchvision.io nor PIL can decode (corrupt, truncated, not an image)."""
 
 
-def decode_file(source: Path | torch.Tensor, channels: int) -> torch.Tensor:
-    """uint8 `(channels, H, W)` of a file or its bytes, at its own size: torchvision.io
-    (libjpeg-turbo, libpng), PIL for the formats torchvision does not decode (BMP, TIFF, PPM)."""
-    mode = ImageReadMode.GRAY if channels == 1 else ImageReadMode.RGB
+def read_image(source: Path | torch.Tensor, channels: int, size: int) -> torch.Tensor:
+    """uint8 `(channels, size, size)` of an image file or its bytes, of any size and mode:
+    torchvision.io (libjpeg-turbo, libpng), PIL for the formats torchvision does not decode
+    (BMP, TIFF, PPM)."""
     is_path = isinstance(source, Path)
     try:
-        return decode_image(str(source) if is_path else source, mode=mode)
-    except (RuntimeError, ValueError):
-        pass  # not a format torchvision decodes, or a broken file: PIL decides which
-    try:
-        with Image.open(source if is_path else BytesIO(source.numpy())) as image:
-            return pil_to_tensor(image.convert("L" if channels == 1 else "RGB"))
-    except Exception as error:  # PIL raises many kinds: OSError, SyntaxError, ValueError, ...
-        raise UnreadableImage(f"{source if is_path else 'an image'}: {error}") from error
-
-
-def read_image(path: Path, channels: int, size: int) -> torch.Tensor:
-    """uint8 `(channels, size, size)`: any size and mode in, one size and channel count out."""
-    image = decode_file(path, channels)
-    if image.shape[-2:] != (size, size):
-        image = resize(image, [size, size], antialias=True)
-    return image
+        mode = ImageReadMode.GRAY if channels == 1 else ImageReadMode.RGB
+        image = decode_image(str(source) if is_path else source, mode=mode)
+    except (RuntimeError, ValueError):  # not a format torchvision decodes, or a broken file
+        try:  # PIL decides which
+            with Image.open(source if is_path else BytesIO(source.numpy())) as file:
+                image = pil_to_tensor(file.convert("L" if channels == 1 else "RGB"))
+        except Exception as error:  # PIL raises many kinds: OSError, SyntaxError, ValueError
+            raise UnreadableImage(f"{source if is_path else 'an image'}: {error}") from error
+    return resize(image, [size, size], antialias=True)  # unchanged where it has that size
 
 
 class ImageFiles(Dataset):
@@ -243,14 +235,14 @@ def decode_batch(
     transform: Transform | None = None,
 ) -> torch.Tensor:
     """uint8 `(B, channels, size, size)` on `device`: JPEGs decoded there in one call, other
-    formats decoded on the CPU (`decode_file`) and copied."""
+    formats decoded on the CPU (`read_image`) and copied."""
     mode = ImageReadMode.GRAY if channels == 1 else ImageReadMode.RGB
     is_jpeg = [bytes(data[:3].tolist()) == JPEG_MAGIC for data in encoded]
     jpegs = [data for data, j in zip(encoded, is_jpeg, strict=True) if j]
     decoded = iter(decode_jpeg(jpegs, mode=mode, device=device) if jpegs else [])
     images = []
     for data, jpeg in zip(encoded, is_jpeg, strict=True):
-        image = next(decoded) if jpeg else decode_file(data, channels).to(device)
+        image = next(decoded) if jpeg else read_image(data, channels, size).to(device)
         image = resize(image, [size, size], antialias=True)
         images.append(transform(image) if transform is not None else image)
     return torch.stack(images)
