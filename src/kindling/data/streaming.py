@@ -48,6 +48,7 @@ def is_remote(location: str) -> bool:
 def read_metadata(input_dir: str, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
     """The description of the prepared copy at `input_dir`, checked complete and readable."""
     location = f"{input_dir.rstrip('/')}/{METADATA_FILE}"
+    again = f"python -m kindling.prepare data=<data config> output={input_dir}"
     if input_dir.startswith("s3://"):
         text = _read_s3(location, storage_options or {})
     elif is_remote(input_dir):
@@ -55,22 +56,19 @@ def read_metadata(input_dir: str, storage_options: dict[str, Any] | None = None)
             f"data.input_dir={input_dir}: kindling streams from a local folder or s3://; "
             "copy the prepared folder to one of them."
         )
+    elif not Path(location).is_file():
+        raise UserError(
+            f"data.input_dir={input_dir} is not a prepared copy (no {METADATA_FILE}). Write "
+            f"one with: {again}"
+        )
     else:
-        path = Path(input_dir) / METADATA_FILE
-        if not path.is_file():
-            raise UserError(
-                f"data.input_dir={input_dir} is not a prepared copy (no {METADATA_FILE}). "
-                "Write one with: python -m kindling.prepare data=<data config> output="
-                f"{input_dir}"
-            )
-        text = path.read_text()
+        text = Path(location).read_text()
     try:
         metadata = json.loads(text)
     except ValueError as error:
         raise UserError(
             f"{location} is damaged ({error}). Prepare the data again into an empty folder."
         ) from error
-    again = f"python -m kindling.prepare data=<data config> output={input_dir}"
     if metadata.get("format") != FORMAT:
         raise UserError(
             f"data.input_dir={input_dir} was prepared by kindling "
