@@ -125,7 +125,8 @@ class ImageFiles(Dataset):
 
     A file that cannot be decoded is replaced by the next readable one (named in a warning, once
     per worker): a run never dies mid-epoch on a bad file, and every batch keeps its size.
-    `predicting`: `(image, row, readable)` instead, a blank image where a file is unreadable.
+    `predicting`: samples are files, each served as `(image, row, readable)`, `row` its index,
+    a blank image where the file is unreadable.
     `encoded`: `(file bytes, label)`, for `decode_batch`.
 
     In a worker its state is the worker's torch generator, which `transform` draws from:
@@ -135,7 +136,7 @@ class ImageFiles(Dataset):
 
     def __init__(
         self,
-        samples: Samples,
+        samples: Samples | list[Path],
         channels: int,
         size: int,
         transform: Transform | None = None,
@@ -167,12 +168,11 @@ class ImageFiles(Dataset):
             path, label = self.samples[index]
             return read_file(str(path)), label
         if self.predicting:
-            path, row = self.samples[index]
             try:
-                return read_image(path, self.channels, self.size), row, True
+                return read_image(self.samples[index], self.channels, self.size), index, True
             except UnreadableImage:
                 blank = torch.zeros(self.channels, self.size, self.size, dtype=torch.uint8)
-                return blank, row, False
+                return blank, index, False
         for offset in range(len(self.samples)):
             path, label = self.samples[(index + offset) % len(self.samples)]
             try:
@@ -188,13 +188,6 @@ class ImageFiles(Dataset):
         raise RuntimeError(f"none of the {len(self.samples)} image files can be decoded")
 
 
-def rows_to_predict(files: list[Path], channels: int, size: int) -> ImageFiles:
-    """`(image, row, readable)` of each file, `row` its index in `files`."""
-    return ImageFiles(
-        [(file, row) for row, file in enumerate(files)], channels, size, predicting=True
-    )
-
-
 def files_to_predict(folder: str | Path, channels: int, size: int) -> tuple[Dataset, list[str]]:
     """The image files under `folder` (`python -m kindling.predict input=<folder>`), as a data
     set of `(image, row, readable)`, and their names, in the folder's sorted order."""
@@ -206,7 +199,7 @@ def files_to_predict(folder: str | Path, channels: int, size: int) -> tuple[Data
         raise UserError(f"No image files ({', '.join(sorted(IMAGE_SUFFIXES))}) in {folder}.")
     if skipped:
         log.info("Skipped %d files in %s that are not images (by suffix).", skipped, folder)
-    return rows_to_predict(files, channels, size), [str(f) for f in files]
+    return ImageFiles(files, channels, size, predicting=True), [str(f) for f in files]
 
 
 def channel_statistics(dataset: Dataset, sample: int, seed: int = 0) -> tuple[list, list]:
@@ -397,7 +390,7 @@ class ImageFolderDataModule(LabelledDataModule):
 
     def _check_readable(self, files: list[Path]) -> None:
         # The workers decode in parallel; one pass over every file, before any training.
-        rows = rows_to_predict(files, self.hparams.channels, self.hparams.image_size)
+        rows = ImageFiles(files, self.hparams.channels, self.hparams.image_size, predicting=True)
         loader = DataLoader(rows, batch_size=64, num_workers=self.num_workers)
         bad = [files[row] for _, batch, readable in loader for row in batch[~readable].tolist()]
         if bad:
