@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from omegaconf import open_dict
+from torch.utils.data import DataLoader
 from torchvision.transforms import v2
 
 from kindling.data.image_folder import STATISTICS_FILE, ImageFiles, decode_batch, read_image
@@ -247,6 +248,9 @@ def test_gpu_decode_path_decodes_like_the_workers(tmp_path: Path) -> None:
         for image, (path, _) in zip(images.cpu(), samples, strict=True):
             # nvJPEG and libjpeg-turbo may round differently: within a few levels.
             assert (image.int() - read_image(path, channels, 8).int()).abs().max() <= 8
+    # The bytes cross from a worker process to the training one.
+    loader = DataLoader(encoded, 3, num_workers=1, collate_fn=encoded.collate, timeout=60)
+    assert [len(data) for data, _ in next(iter(loader))] == [p.stat().st_size for p, _ in samples]
 
 
 # End to end: python train.py data=image_folder, then predict with class names.

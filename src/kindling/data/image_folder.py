@@ -166,7 +166,8 @@ class ImageFiles(Dataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int] | tuple[torch.Tensor, int, bool]:
         if self.encoded:
             path, label = self.samples[index]
-            return read_file(str(path)), label
+            # A copy: read_file's tensor maps the file, which no worker can share.
+            return read_file(str(path)).clone(), label
         if self.predicting:
             try:
                 return read_image(self.samples[index], self.channels, self.size), index, True
