@@ -251,9 +251,9 @@ class LabelledDataModule(SplitDataModule):
     mean: torch.Tensor | None = None
     std: torch.Tensor | None = None
 
-    def check_classes(self, found: list[str], trained: list[str] | None) -> None:
+    def check_classes(self, found: list[str] | None, trained: list[str] | None) -> None:
         """Refuse data (`found`) whose classes are not a loaded checkpoint's (`trained`)."""
-        if trained is not None and found != trained:
+        if None not in (found, trained) and found != trained:
             source = self.hparams.get("path") or f"data.input_dir={self.hparams.input_dir}"
             raise UserError(
                 f"{source} has the classes {', '.join(found)}, but the checkpoint was trained on "
@@ -272,18 +272,15 @@ class LabelledDataModule(SplitDataModule):
         return {"mean": self.mean, "std": self.std, "classes": self.classes}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        if self.classes is not None:  # set up on the data before the checkpoint was loaded
-            self.check_classes(self.classes, state_dict["classes"])
+        self.check_classes(self.classes, state_dict["classes"])  # the data's, if set up first
         self.mean, self.std = state_dict["mean"], state_dict["std"]
         self.classes = state_dict["classes"]
 
 
 class ImageFolderDataModule(LabelledDataModule):
-    """Image files in torchvision's ImageFolder layout, for classification; an absent split is
-    carved from train with `seed`. The class names (sorted folder names) and the normalisation
-    statistics are stored in checkpoints. Its arguments are configs/data/image_folder.yaml's
-    keys, each explained there; `num_classes` null is counted from the class folders.
-    """
+    """Image files in torchvision's ImageFolder layout, for classification, the classes the
+    sorted folder names; an absent split is carved from train with `seed`. Its arguments are
+    configs/data/image_folder.yaml's keys, each explained there."""
 
     def __init__(
         self,
