@@ -355,21 +355,18 @@ class StreamingDataModule(LabelledDataModule):
                 drop_last: bool = False) -> StreamingDataLoader:  # fmt: skip
         if not isinstance(dataset, PreparedSplit):  # a new table to predict: a plain loader
             return super()._loader(dataset, shuffle, sampler, drop_last)
-        # LitData shuffles and shares out each epoch itself (the data set's `shuffle`, `seed`).
+        # LitData shuffles and shares out each epoch itself (the data set's `shuffle`, `seed`):
+        # `shuffle` marks the training loader, which drops its last partial batch (BatchNorm,
+        # compiled shapes) unless it is the only one (on one process: setup refuses more).
         # Several processes evaluate whole batches, as many each: under DDP a model with buffers
         # (BatchNorm) synchronises them every step, and one extra batch would hang the run.
-        drop_last = drop_last or (self.trainer is not None and self.trainer.world_size > 1)
+        several = self.trainer is not None and self.trainer.world_size > 1
+        drop_last = several or (shuffle and len(dataset) >= self.batch_size_per_device)
         # Each new iterator draws its workers' base seed from this generator, not from the
         # process's: a resumed run makes an iterator the uninterrupted one did not, and its
         # dropout masks would differ. (Samples are augmented with seeds of their own.)
         options = self.loader_options(dataset, drop_last)
         return StreamingDataLoader(dataset, generator=torch.Generator(), **options)
-
-    def train_dataloader(self) -> StreamingDataLoader:
-        # The last partial batch is dropped (BatchNorm, compiled shapes), unless it is the only
-        # one: a split smaller than one batch still trains (on one process: setup refuses more).
-        drop_last = len(self.data_train) >= self.batch_size_per_device
-        return self._loader(self.data_train, drop_last=drop_last)
 
     @property
     def fixed_batch_shapes(self) -> bool:
