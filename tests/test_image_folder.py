@@ -10,9 +10,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 from omegaconf import open_dict
+from torch.utils.data import DataLoader
 from torchvision.transforms import v2
 
-from kindling.data.image_folder import STATISTICS_FILE, EncodedImageFiles, decode_batch, read_image
+from kindling.data.image_folder import STATISTICS_FILE, ImageFiles, decode_batch, read_image
 from kindling.errors import UserError
 from kindling.predict import PredictArgs, predict
 from kindling.train import run
@@ -235,17 +236,21 @@ def test_cuda_decode_without_cuda_is_a_user_error(tmp_path: Path) -> None:
 def test_gpu_decode_path_decodes_like_the_workers(tmp_path: Path) -> None:
     """The decode_device=cuda path, run on the CPU where there is no GPU."""
     root = make_folder(tmp_path / "images", per_class=2)
-    samples = [(root / "red" / "0.jpg", 2), (root / "red" / "1.png", 2)]
+    write_image(root / "red" / "old.bmp", COLOURS["red"], size=(3, 3))  # decoded by PIL
+    samples = [(root / "red" / name, 2) for name in ("0.jpg", "1.png", "old.bmp")]
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     for channels in (3, 1):
-        encoded = EncodedImageFiles(samples)
-        data, labels = EncodedImageFiles.collate([encoded[0], encoded[1]])
+        encoded = ImageFiles(samples, channels, 8, encoded=True)
+        data, labels = zip(*encoded.collate([encoded[i] for i in range(3)]), strict=True)
         images = decode_batch(data, device, channels=channels, size=8)
-        assert images.shape == (2, channels, 8, 8) and images.dtype == torch.uint8
-        assert labels.tolist() == [2, 2]
+        assert images.shape == (3, channels, 8, 8) and images.dtype == torch.uint8
+        assert list(labels) == [2, 2, 2]
         for image, (path, _) in zip(images.cpu(), samples, strict=True):
             # nvJPEG and libjpeg-turbo may round differently: within a few levels.
             assert (image.int() - read_image(path, channels, 8).int()).abs().max() <= 8
+    # The bytes cross from a worker process to the training one.
+    loader = DataLoader(encoded, 3, num_workers=1, collate_fn=encoded.collate, timeout=60)
+    assert [len(data) for data, _ in next(iter(loader))] == [p.stat().st_size for p, _ in samples]
 
 
 # End to end: python train.py data=image_folder, then predict with class names.

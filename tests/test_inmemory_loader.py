@@ -60,7 +60,7 @@ def test_on_device_auto_holds_a_small_set_on_the_gpu(tmp_path: Path) -> None:
     dm = digits(tmp_path, accelerator="gpu")
     train = dm.train_dataloader()
     assert isinstance(train, DeviceTensorLoader)
-    assert train.tensors[0].is_cuda
+    assert train.dataset.tensors[0].is_cuda
 
 
 @pytest.mark.gpu

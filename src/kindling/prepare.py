@@ -29,9 +29,9 @@ import kindling
 from kindling import cli
 from kindling.config import resolvers  # noqa: F401 - importing registers the resolvers
 from kindling.config.instantiate import build, check_arguments
+from kindling.data import streaming
 from kindling.data.loaders import SPLITS
 from kindling.data.sequences import Sequences
-from kindling.data.streaming import FORMAT, IMAGES, METADATA_FILE, SEQUENCES, is_remote
 from kindling.data.workers import default_num_workers
 from kindling.errors import UserError
 from kindling.garbage_collection import skip_collections_at_exit
@@ -41,26 +41,24 @@ log = logging.getLogger("kindling")
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
-def prepared_sample(dataset: Dataset, mean: torch.Tensor, std: torch.Tensor, index: int) -> dict:
-    """Sample `index` of `dataset` as stored: a uint8 image, its label and its index."""
+def stored_sample(dataset: Dataset, mean: torch.Tensor, std: torch.Tensor, index: int) -> dict:
+    """Sample `index` of `dataset` as stored, with its label and index: a uint8 image, or a
+    sequence as the table holds it (NaN where a value is missing)."""
+    if isinstance(dataset, Sequences):
+        steps, label = dataset.sequences[index].contiguous(), dataset.labels[index]
+        return {"index": index, "steps": steps, "label": int(label)}
     image, label = dataset[index]
     if image.dtype != torch.uint8:  # an in-memory set's standardised floats: back to pixels
         image = (image * std + mean).mul_(255.0).round_().clamp_(0, 255).to(torch.uint8)
     return {"index": index, "image": image.contiguous(), "label": int(label)}
 
 
-def prepared_sequence(dataset: Sequences, index: int) -> dict:
-    """Sequence `index` as the table holds it (NaN where a value is missing), label and index."""
-    steps = dataset.sequences[index]
-    return {"index": index, "steps": steps.contiguous(), "label": int(dataset.labels[index])}
-
-
 def prepare(cfg: DictConfig) -> Path:
     """Write the prepared copy that `cfg` describes; return its folder."""
     if OmegaConf.is_missing(cfg, "output"):
         raise UserError("Give the folder to write the copy into: output=<folder>.")
-    output, metadata_file = Path(cfg.output), Path(cfg.output) / METADATA_FILE
-    if is_remote(cfg.output):
+    output, metadata_file = Path(cfg.output), Path(cfg.output) / streaming.METADATA_FILE
+    if streaming.is_remote(cfg.output):
         raise UserError(
             f"output={cfg.output}: prepare writes to a local folder; copy it to object storage "
             "afterwards (e.g. aws s3 sync <folder> s3://bucket/prefix)."
@@ -81,28 +79,27 @@ def prepare(cfg: DictConfig) -> Path:
     splits = {name: getattr(datamodule, f"data_{name}") for name in SPLITS}
     num_classes = datamodule.hparams.num_classes
     metadata: dict[str, Any] = {
-        "format": FORMAT,
+        "format": streaming.FORMAT,
         "kindling_version": kindling.__version__,
         "classes": getattr(datamodule, "classes", None) or [str(i) for i in range(num_classes)],
     }
+    mean, std = datamodule.mean, datamodule.std
     if isinstance(splits["train"], Sequences):
-        stored = {name: functools.partial(prepared_sequence, data) for name, data in splits.items()}
         longest = max(len(steps) for data in splits.values() for steps in data.sequences)
         metadata |= {
-            "kind": SEQUENCES,
+            "kind": streaming.SEQUENCES,
             "features": datamodule.features,
             "num_features": len(datamodule.features),
             # What data=sequences gives the model configs: the table's longest, unless set.
             "max_length": datamodule.hparams.max_length or longest,
         }
     else:
-        mean, std = datamodule.mean.view(-1, 1, 1), datamodule.std.view(-1, 1, 1)
-        stored = {name: functools.partial(prepared_sample, data, mean, std) for name, data in
-                  splits.items()}  # fmt: skip
-        metadata |= {"kind": IMAGES, "image_shape": list(stored["train"](0)["image"].shape)}
+        mean, std = mean.view(-1, 1, 1), std.view(-1, 1, 1)
+        image = stored_sample(splits["train"], mean, std, 0)["image"]
+        metadata |= {"kind": streaming.IMAGES, "image_shape": list(image.shape)}
     metadata |= {
-        "mean": datamodule.mean.flatten().tolist(),
-        "std": datamodule.std.flatten().tolist(),
+        "mean": mean.flatten().tolist(),
+        "std": std.flatten().tolist(),
         "splits": {name: len(dataset) for name, dataset in splits.items()},
         "source": source,
     }
@@ -114,7 +111,7 @@ def prepare(cfg: DictConfig) -> Path:
         log.info("Writing %s: %d samples, %d workers.", output / name, len(dataset), workers)
         shutil.rmtree(output / name, ignore_errors=True)  # an interrupted prepare's part
         optimize(
-            fn=stored[name],
+            fn=functools.partial(stored_sample, dataset, mean, std),
             inputs=torch.randperm(len(dataset), generator=generator).tolist(),
             output_dir=str((output / name).resolve()),
             num_workers=min(workers, len(dataset)),
@@ -132,8 +129,7 @@ def prepare(cfg: DictConfig) -> Path:
 
 def _finished(output: Path, source: dict[str, Any]) -> bool:
     """Whether `output` holds a finished copy of `source`; refuse a folder that is not ours."""
-    metadata_file = output / METADATA_FILE
-    if not metadata_file.is_file():
+    if not (output / streaming.METADATA_FILE).is_file():
         if output.exists() and any(output.iterdir()):
             raise UserError(
                 f"output={output} holds files that are not a prepared copy. Give an empty or "
@@ -141,10 +137,8 @@ def _finished(output: Path, source: dict[str, Any]) -> bool:
             )
         return False
     try:
-        metadata = json.loads(metadata_file.read_text())
-    except ValueError:  # cut short: an interrupted prepare
-        metadata = {}
-    if not metadata.get("complete") or metadata.get("format") != FORMAT:
+        metadata = streaming.read_metadata(str(output))
+    except UserError:  # cut short, unfinished or older
         log.info("%s is an unfinished or older prepared copy: preparing it again.", output)
         return False
     if metadata.get("source") != source:
@@ -160,7 +154,7 @@ def _finished(output: Path, source: dict[str, Any]) -> bool:
 
 def train_command(output: Path, kind: str) -> str:
     """The command that trains on the copy: the image models read no sequences."""
-    model = ["model=lstm"] if kind == SEQUENCES else []
+    model = ["model=lstm"] if kind == streaming.SEQUENCES else []
     return shlex.join(["python", "train.py", "data=streaming", f"data.input_dir={output}", *model])
 
 

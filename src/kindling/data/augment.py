@@ -50,14 +50,10 @@ def random_crop(
             "Set the crop's size to the data's image size."
         )
     device = images.device
-    ys = torch.randint(0, height - crop_h + 1, (batch, 1), device=device, generator=generator)
-    xs = torch.randint(0, width - crop_w + 1, (batch, 1), device=device, generator=generator)
-    rows = ys + torch.arange(crop_h, device=device)  # (B, h)
-    cols = xs + torch.arange(crop_w, device=device)  # (B, w)
-    index = torch.arange(batch, device=device)[:, None, None]
-    # Gather (B, h, w, C) with one advanced index, back to (B, C, h, w).
-    crops = padded.permute(0, 2, 3, 1)[index, rows[:, :, None], cols[:, None, :]]
-    return crops.permute(0, 3, 1, 2).contiguous()
+    ys = torch.randint(0, height - crop_h + 1, (batch,), device=device, generator=generator)
+    xs = torch.randint(0, width - crop_w + 1, (batch,), device=device, generator=generator)
+    windows = padded.unfold(2, crop_h, 1).unfold(3, crop_w, 1)  # (B, C, y, x, h, w), a view
+    return windows[torch.arange(batch, device=device), :, ys, xs]  # (B, C, h, w)
 
 
 class BatchAugment:

@@ -42,7 +42,6 @@ def serve_on_device(
         rank=trainer.global_rank,
         world_size=trainer.world_size,
         seed=datamodule.shuffle_seed,
-        even_shards=shuffle,  # training keeps the ranks in step; evaluation sees every sample
     )
 
 
@@ -51,10 +50,10 @@ class DeviceTensorLoader(EpochPosition):
     index into tensors already on the device, so no step waits for a copy or a worker.
 
     Every rank draws the same permutation (seeded by `seed` and the epoch) and takes every
-    `world_size`-th index from `rank` on, like `DistributedSampler`. `even_shards` (training)
-    drops the tail that does not divide evenly, so all ranks run the same steps; without it
-    every sample is served once. Its `state_dict` (`EpochPosition`) is saved in checkpoints as
-    a `StatefulDataLoader`'s is.
+    `world_size`-th index from `rank` on, like `DistributedSampler`. Shuffled (training), it
+    drops the tail that does not divide evenly, so all ranks run the same steps; in order
+    (evaluation), every sample is served once. Its `state_dict` (`EpochPosition`) is saved in
+    checkpoints as a `StatefulDataLoader`'s is.
     """
 
     def __init__(
@@ -66,21 +65,19 @@ class DeviceTensorLoader(EpochPosition):
         rank: int = 0,
         world_size: int = 1,
         seed: int = 0,
-        even_shards: bool = True,
     ):
-        self.tensors = tensors
         self.dataset = TensorDataset(*tensors)  # as on a DataLoader, for callbacks that read it
         self.batch_size, self.shuffle, self.drop_last = batch_size, shuffle, drop_last
         self.rank, self.world_size, self.processes = rank, world_size, world_size
         self.served_unit = batch_size * world_size  # an older state counts this rank's batches
-        self.seed, self.epoch, self.even_shards = seed, 0, even_shards
+        self.seed, self.epoch = seed, 0
         # Lightning calls `loader.sampler.set_epoch(epoch)` every epoch, as for a
         # DistributedSampler: a resumed run shuffles like an uninterrupted one.
         internals.check_sampler_epoch()
         self.sampler = self
         self.batch_sampler = None  # read by Lightning's checks, as on a DataLoader
         size = len(tensors[0])
-        self.num_samples = size // world_size if even_shards else len(range(rank, size, world_size))
+        self.num_samples = size // world_size if shuffle else len(range(rank, size, world_size))
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -91,15 +88,15 @@ class DeviceTensorLoader(EpochPosition):
         return -(-self.num_samples // self.batch_size)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
-        device = self.tensors[0].device
-        size = len(self.tensors[0])
+        tensors = self.dataset.tensors
+        device, size = tensors[0].device, len(tensors[0])
         if self.shuffle:
             # Not `seed + epoch`: seed 1's second epoch would be seed 2's first.
             generator = torch.Generator(device=device).manual_seed((self.seed << 20) + self.epoch)
             order = torch.randperm(size, device=device, generator=generator)
         else:
             order = torch.arange(size, device=device)
-        total = self.num_samples * self.world_size if self.even_shards else size
+        total = self.num_samples * self.world_size if self.shuffle else size
         # Dealt one each in turn: after k batches on every rank, the first
         # start + k * batch_size * world_size of the order are consumed.
         mine = order[self.start() : total][self.rank :: self.world_size]
@@ -107,4 +104,4 @@ class DeviceTensorLoader(EpochPosition):
         for first in range(0, end, self.batch_size):
             index = mine[first : first + self.batch_size]
             self.consumed += self.batch_size * self.world_size
-            yield tuple(t[index] for t in self.tensors)
+            yield tuple(t[index] for t in tensors)

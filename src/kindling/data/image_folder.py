@@ -9,12 +9,14 @@ uint8 and standardised on the device.
 import json
 import logging
 from collections.abc import Mapping, Sequence
+from io import BytesIO
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 from PIL import Image
-from torch.utils.data import DataLoader, Dataset, default_collate, get_worker_info
+from torch.utils.data import DataLoader, Dataset, get_worker_info
+from torchvision.datasets.folder import IMG_EXTENSIONS
 from torchvision.io import ImageReadMode, decode_image, decode_jpeg, read_file
 from torchvision.transforms.v2.functional import pil_to_tensor, resize
 
@@ -26,10 +28,8 @@ from kindling.files import write_atomically
 log = logging.getLogger(__name__)
 
 
-# What torchvision.io or PIL decode; anything else in a class folder is skipped and counted.
-IMAGE_SUFFIXES = frozenset(
-    {".png", ".jpg", ".jpeg", ".gif", ".webp", ".bmp", ".tif", ".tiff", ".ppm", ".pgm"}
-)
+# ImageFolder's and GIF: what torchvision.io or PIL decode. Other files are skipped and counted.
+IMAGE_SUFFIXES = frozenset((*IMG_EXTENSIONS, ".gif"))
 STATISTICS_FILE = ".kindling_statistics.json"  # beside the data, in data.path
 JPEG_MAGIC = b"\xff\xd8\xff"
 
@@ -102,27 +102,21 @@ class UnreadableImage(Exception):
     """A file that neither torchvision.io nor PIL can decode (corrupt, truncated, not an image)."""
 
 
-def decode_file(path: Path, channels: int) -> torch.Tensor:
-    """uint8 `(channels, H, W)` at the file's own size: torchvision.io (libjpeg-turbo, libpng),
-    PIL for the formats torchvision does not decode (BMP, TIFF, PPM, ...)."""
-    mode = ImageReadMode.GRAY if channels == 1 else ImageReadMode.RGB
+def read_image(source: Path | torch.Tensor, channels: int, size: int) -> torch.Tensor:
+    """uint8 `(channels, size, size)` of an image file or its bytes, of any size and mode:
+    torchvision.io (libjpeg-turbo, libpng), PIL for the formats torchvision does not decode
+    (BMP, TIFF, PPM)."""
+    is_path = isinstance(source, Path)
     try:
-        return decode_image(str(path), mode=mode)
-    except (RuntimeError, ValueError):
-        pass  # not a format torchvision decodes, or a broken file: PIL decides which
-    try:
-        with Image.open(path) as image:
-            return pil_to_tensor(image.convert("L" if channels == 1 else "RGB"))
-    except Exception as error:  # PIL raises many kinds: OSError, SyntaxError, ValueError, ...
-        raise UnreadableImage(f"{path}: {error}") from error
-
-
-def read_image(path: Path, channels: int, size: int) -> torch.Tensor:
-    """uint8 `(channels, size, size)`: any size and mode in, one size and channel count out."""
-    image = decode_file(path, channels)
-    if image.shape[-2:] != (size, size):
-        image = resize(image, [size, size], antialias=True)
-    return image
+        mode = ImageReadMode.GRAY if channels == 1 else ImageReadMode.RGB
+        image = decode_image(str(source) if is_path else source, mode=mode)
+    except (RuntimeError, ValueError):  # not a format torchvision decodes, or a broken file
+        try:  # PIL decides which
+            with Image.open(source if is_path else BytesIO(source.numpy())) as file:
+                image = pil_to_tensor(file.convert("L" if channels == 1 else "RGB"))
+        except Exception as error:  # PIL raises many kinds: OSError, SyntaxError, ValueError
+            raise UnreadableImage(f"{source if is_path else 'an image'}: {error}") from error
+    return resize(image, [size, size], antialias=True)  # unchanged where it has that size
 
 
 class ImageFiles(Dataset):
@@ -131,7 +125,9 @@ class ImageFiles(Dataset):
 
     A file that cannot be decoded is replaced by the next readable one (named in a warning, once
     per worker): a run never dies mid-epoch on a bad file, and every batch keeps its size.
-    `predicting`: `(image, row, readable)` instead, a blank image where a file is unreadable.
+    `predicting`: samples are files, each served as `(image, row, readable)`, `row` its index,
+    a blank image where the file is unreadable.
+    `encoded`: `(file bytes, label)`, for `decode_batch`.
 
     In a worker its state is the worker's torch generator, which `transform` draws from:
     torchdata's `StatefulDataLoader` saves it, so a run resumed mid-epoch augments the rest of
@@ -140,16 +136,20 @@ class ImageFiles(Dataset):
 
     def __init__(
         self,
-        samples: list[tuple[Path, int]],
+        samples: Samples | list[Path],
         channels: int,
         size: int,
         transform: Transform | None = None,
         predicting: bool = False,
+        encoded: bool = False,
+        rank: int = 0,
     ):
         self.samples, self.channels, self.size = samples, channels, size
-        self.transform, self.predicting = transform, predicting
+        self.transform, self.predicting, self.encoded = transform, predicting, encoded
         self.reported: set[Path] = set()
-        self.rank = 0
+        self.rank = rank
+        if encoded:  # files differ in length: a batch is the list of its `(bytes, label)`
+            self.collate = list
 
     def state_dict(self) -> dict[str, Any]:
         if get_worker_info() is None:  # in the main process, the run's generators are saved
@@ -164,13 +164,16 @@ class ImageFiles(Dataset):
         return len(self.samples)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int] | tuple[torch.Tensor, int, bool]:
+        if self.encoded:
+            path, label = self.samples[index]
+            # A copy: read_file's tensor maps the file, which no worker can share.
+            return read_file(str(path)).clone(), label
         if self.predicting:
-            path, row = self.samples[index]
             try:
-                return read_image(path, self.channels, self.size), row, True
+                return read_image(self.samples[index], self.channels, self.size), index, True
             except UnreadableImage:
                 blank = torch.zeros(self.channels, self.size, self.size, dtype=torch.uint8)
-                return blank, row, False
+                return blank, index, False
         for offset in range(len(self.samples)):
             path, label = self.samples[(index + offset) % len(self.samples)]
             try:
@@ -197,8 +200,7 @@ def files_to_predict(folder: str | Path, channels: int, size: int) -> tuple[Data
         raise UserError(f"No image files ({', '.join(sorted(IMAGE_SUFFIXES))}) in {folder}.")
     if skipped:
         log.info("Skipped %d files in %s that are not images (by suffix).", skipped, folder)
-    rows = list(zip(files, range(len(files)), strict=True))
-    return ImageFiles(rows, channels, size, predicting=True), [str(f) for f in files]
+    return ImageFiles(files, channels, size, predicting=True), [str(f) for f in files]
 
 
 def channel_statistics(dataset: Dataset, sample: int, seed: int = 0) -> tuple[list, list]:
@@ -219,52 +221,66 @@ def to_model_input(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) 
     return images.float().sub_(mean * 255.0).div_(std * 255.0)
 
 
-class EncodedImageFiles(Dataset):
-    """`(file bytes, label)` of `(file, label)` samples, for `decode_batch`."""
-
-    def __init__(self, samples: Samples):
-        self.samples = samples
-
-    def __len__(self) -> int:
-        return len(self.samples)
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        path, label = self.samples[index]
-        return read_file(str(path)), label
-
-    @staticmethod
-    def collate(batch: list[tuple[torch.Tensor, int]]) -> tuple[list[torch.Tensor], torch.Tensor]:
-        # Files differ in length: a list of byte tensors.
-        return [data for data, _ in batch], default_collate([label for _, label in batch])
-
-
 def decode_batch(
-    encoded: list[torch.Tensor],
+    encoded: Sequence[torch.Tensor],
     device: torch.device,
     channels: int,
     size: int,
     transform: Transform | None = None,
 ) -> torch.Tensor:
     """uint8 `(B, channels, size, size)` on `device`: JPEGs decoded there in one call, other
-    formats decoded on the CPU (torchvision.io) and copied."""
+    formats decoded on the CPU (`read_image`) and copied."""
     mode = ImageReadMode.GRAY if channels == 1 else ImageReadMode.RGB
     is_jpeg = [bytes(data[:3].tolist()) == JPEG_MAGIC for data in encoded]
     jpegs = [data for data, j in zip(encoded, is_jpeg, strict=True) if j]
     decoded = iter(decode_jpeg(jpegs, mode=mode, device=device) if jpegs else [])
     images = []
     for data, jpeg in zip(encoded, is_jpeg, strict=True):
-        image = next(decoded) if jpeg else decode_image(data, mode=mode).to(device)
+        image = next(decoded) if jpeg else read_image(data, channels, size).to(device)
         image = resize(image, [size, size], antialias=True)
         images.append(transform(image) if transform is not None else image)
     return torch.stack(images)
 
 
-class ImageFolderDataModule(SplitDataModule):
-    """Image files in torchvision's ImageFolder layout, for classification; an absent split is
-    carved from train with `seed`. The class names (sorted folder names) and the normalisation
-    statistics are stored in checkpoints. Its arguments are configs/data/image_folder.yaml's
-    keys, each explained there; `num_classes` null is counted from the class folders.
-    """
+class LabelledDataModule(SplitDataModule):
+    """A data module whose class names and training statistics (`mean`, `std`; of images
+    `(1, C, 1, 1)` in [0, 1] units) checkpoints hold, so that testing and prediction need no
+    training data. uint8 image batches are standardised with them on the device."""
+
+    classes: list[str] | None = None
+    mean: torch.Tensor | None = None
+    std: torch.Tensor | None = None
+
+    def check_classes(self, found: list[str] | None, trained: list[str] | None) -> None:
+        """Refuse data (`found`) whose classes are not a loaded checkpoint's (`trained`)."""
+        if None not in (found, trained) and found != trained:
+            source = self.hparams.get("path") or f"data.input_dir={self.hparams.input_dir}"
+            raise UserError(
+                f"{source} has the classes {', '.join(found)}, but the checkpoint was trained on "
+                f"{', '.join(trained)}. Use data with the checkpoint's classes."
+            )
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        # The model summary's example input, and sequences (standardised in the workers), pass.
+        if not isinstance(batch, list | tuple) or batch[0].dtype != torch.uint8:
+            return batch
+        images, *rest = batch  # labels, or a prediction's rows and readable
+        mean, std = self.mean.to(images.device), self.std.to(images.device)
+        return [to_model_input(images, mean, std), *rest]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"mean": self.mean, "std": self.std, "classes": self.classes}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.check_classes(self.classes, state_dict["classes"])  # the data's, if set up first
+        self.mean, self.std = state_dict["mean"], state_dict["std"]
+        self.classes = state_dict["classes"]
+
+
+class ImageFolderDataModule(LabelledDataModule):
+    """Image files in torchvision's ImageFolder layout, for classification, the classes the
+    sorted folder names; an absent split is carved from train with `seed`. Its arguments are
+    configs/data/image_folder.yaml's keys, each explained there."""
 
     def __init__(
         self,
@@ -312,10 +328,6 @@ class ImageFolderDataModule(SplitDataModule):
                 "(torch.cuda.is_available() is False). Use data.decode_device=cpu."
             )
         self.transform = worker_transform(augment)
-        self.classes: list[str] | None = None
-        self.mean: torch.Tensor | None = None  # (1, C, 1, 1), [0, 1] units
-        self.std: torch.Tensor | None = None
-        self._on_device: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def describe(self) -> dict[str, Any]:
         if self.hparams.num_classes is not None:
@@ -334,20 +346,21 @@ class ImageFolderDataModule(SplitDataModule):
                 f"class folders ({', '.join(classes)}). Set data.num_classes="
                 f"{len(classes)}, or leave it out: it is counted from the folders."
             )
-        self._check_classes(classes)
+        self.check_classes(classes, self.classes)
         self.classes = classes
         splits = self._splits(on_disk)
         # GPU decoding cannot skip a bad file inside a batch: it always checks first.
-        if hp.unreadable == "check" or hp.decode_device == "cuda":
+        encoded = hp.decode_device == "cuda"
+        if hp.unreadable == "check" or encoded:
             self._check_readable([f for samples in splits.values() for f, _ in samples])
 
         size, channels = hp.image_size, hp.channels
-        if hp.decode_device == "cuda":
-            self.data_train, self.data_val, self.data_test = map(EncodedImageFiles, splits.values())
-        else:
-            self.data_train = ImageFiles(splits["train"], channels, size, transform=self.transform)
-            self.data_val = ImageFiles(splits["val"], channels, size)
-            self.data_test = ImageFiles(splits["test"], channels, size)
+        rank = self.trainer.global_rank if self.trainer is not None else 0
+        self.data_train = ImageFiles(
+            splits["train"], channels, size, self.transform, encoded=encoded, rank=rank
+        )
+        self.data_val = ImageFiles(splits["val"], channels, size, encoded=encoded)
+        self.data_test = ImageFiles(splits["test"], channels, size, encoded=encoded)
         if self.mean is None:
             self._set_statistics(ImageFiles(splits["train"], channels, size))
         counts = ", ".join(f"{name} {len(samples)}" for name, samples in splits.items())
@@ -375,10 +388,9 @@ class ImageFolderDataModule(SplitDataModule):
 
     def _check_readable(self, files: list[Path]) -> None:
         # The workers decode in parallel; one pass over every file, before any training.
-        loader = DataLoader(
-            files, batch_size=64, num_workers=self.num_workers, collate_fn=self._unreadable
-        )
-        bad = [path for batch in loader for path in batch]
+        rows = ImageFiles(files, self.hparams.channels, self.hparams.image_size, predicting=True)
+        loader = DataLoader(rows, batch_size=64, num_workers=self.num_workers)
+        bad = [files[row] for _, batch, readable in loader for row in batch[~readable].tolist()]
         if bad:
             shown = "\n  ".join(str(p) for p in bad[:20])
             more = f"\n  ... and {len(bad) - 20} more" if len(bad) > 20 else ""
@@ -386,15 +398,6 @@ class ImageFolderDataModule(SplitDataModule):
                 f"{len(bad)} image files cannot be decoded:\n  {shown}{more}\n"
                 "Remove or replace them, or set data.unreadable=skip to train without them."
             )
-
-    def _unreadable(self, files: list[Path]) -> list[Path]:
-        bad = []
-        for file in files:
-            try:
-                decode_file(file, self.hparams.channels)
-            except UnreadableImage:
-                bad.append(file)
-        return bad
 
     def _set_statistics(self, train: ImageFiles) -> None:
         hp = self.hparams
@@ -425,46 +428,14 @@ class ImageFolderDataModule(SplitDataModule):
         self.mean = torch.tensor(mean).view(1, -1, 1, 1)
         self.std = torch.tensor(std).view(1, -1, 1, 1)
 
-    def _check_classes(self, found: list[str]) -> None:
-        trained = self.classes
-        if trained is not None and found != trained:
-            raise UserError(
-                f"{self.hparams.path} has the classes {', '.join(found)}, but the checkpoint was "
-                f"trained on {', '.join(trained)}. Use a folder with the checkpoint's classes."
-            )
-
-    def train_dataloader(self) -> DataLoader:
-        if isinstance(self.data_train, ImageFiles) and self.trainer is not None:
-            self.data_train.rank = self.trainer.global_rank
-        return super().train_dataloader()
-
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         if self.hparams.decode_device != "cuda" or self.data_predict is not None:
             return batch
-        encoded, labels = batch
+        encoded, labels = zip(*batch, strict=True)
         transform = self.transform if self.trainer.training else None
         device, hp = self.trainer.strategy.root_device, self.hparams
-        return decode_batch(encoded, device, hp.channels, hp.image_size, transform), labels
-
-    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        if not isinstance(batch, list | tuple):  # the model summary's example input
-            return batch
-        images, *rest = batch  # labels, or a prediction's rows and readable
-        device = images.device
-        if device not in self._on_device:  # the statistics, copied once per device
-            self._on_device[device] = (self.mean.to(device), self.std.to(device))
-        return [to_model_input(images, *self._on_device[device]), *rest]
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"mean": self.mean, "std": self.std, "classes": self.classes}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        if self.classes is not None:  # set up on a folder before the checkpoint was loaded
-            found, self.classes = self.classes, state_dict["classes"]
-            self._check_classes(found)
-        self.mean, self.std = state_dict["mean"], state_dict["std"]
-        self.classes = state_dict["classes"]
-        self._on_device.clear()
+        images = decode_batch(encoded, device, hp.channels, hp.image_size, transform)
+        return images, torch.tensor(labels)
 
 
 def _split(

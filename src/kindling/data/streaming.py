@@ -23,8 +23,8 @@ from litdata.exceptions import ChunkWaitTimeoutError
 from torch.utils.data import Dataset
 
 from kindling.data.augment import Transform, worker_transform
-from kindling.data.image_folder import files_to_predict, to_model_input
-from kindling.data.loaders import SPLITS, SplitDataModule
+from kindling.data.image_folder import LabelledDataModule, files_to_predict
+from kindling.data.loaders import SPLITS
 from kindling.data.sequences import TABLE_READING, Sequences, standardised, table_to_predict
 from kindling.errors import UserError
 from kindling.files import probe_writable
@@ -48,6 +48,7 @@ def is_remote(location: str) -> bool:
 def read_metadata(input_dir: str, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
     """The description of the prepared copy at `input_dir`, checked complete and readable."""
     location = f"{input_dir.rstrip('/')}/{METADATA_FILE}"
+    again = f"python -m kindling.prepare data=<data config> output={input_dir}"
     if input_dir.startswith("s3://"):
         text = _read_s3(location, storage_options or {})
     elif is_remote(input_dir):
@@ -55,22 +56,19 @@ def read_metadata(input_dir: str, storage_options: dict[str, Any] | None = None)
             f"data.input_dir={input_dir}: kindling streams from a local folder or s3://; "
             "copy the prepared folder to one of them."
         )
+    elif not Path(location).is_file():
+        raise UserError(
+            f"data.input_dir={input_dir} is not a prepared copy (no {METADATA_FILE}). Write "
+            f"one with: {again}"
+        )
     else:
-        path = Path(input_dir) / METADATA_FILE
-        if not path.is_file():
-            raise UserError(
-                f"data.input_dir={input_dir} is not a prepared copy (no {METADATA_FILE}). "
-                "Write one with: python -m kindling.prepare data=<data config> output="
-                f"{input_dir}"
-            )
-        text = path.read_text()
+        text = Path(location).read_text()
     try:
         metadata = json.loads(text)
     except ValueError as error:
         raise UserError(
             f"{location} is damaged ({error}). Prepare the data again into an empty folder."
         ) from error
-    again = f"python -m kindling.prepare data=<data config> output={input_dir}"
     if metadata.get("format") != FORMAT:
         raise UserError(
             f"data.input_dir={input_dir} was prepared by kindling "
@@ -225,14 +223,15 @@ class PreparedSplit(StreamingDataset):
         return image, sample["label"]
 
 
-class StreamingDataModule(SplitDataModule):
+class StreamingDataModule(LabelledDataModule):
     """The splits `python -m kindling.prepare` wrote, of images or sequences, streamed with LitData.
 
     Every process of a multi-device run reads its own part of each epoch, all the same number
-    of batches. The train loader's position is saved in checkpoints: a run resumed mid-epoch
-    reads exactly the samples the interrupted one had left. Images cross to the device as uint8
-    and are standardised there. Its arguments are configs/data/streaming.yaml's keys; those
-    left null that describe the data are read from the copy, those given are checked against it.
+    of batches. The train loader's position is saved in checkpoints (by Lightning, restored by
+    `ResumeExactly`): a run resumed mid-epoch reads exactly the samples the interrupted one had
+    left. Images cross to the device as uint8 and are standardised there. Its arguments are
+    configs/data/streaming.yaml's keys; those left null that describe the data are read from
+    the copy, those given are checked against it.
     """
 
     def __init__(
@@ -255,13 +254,9 @@ class StreamingDataModule(SplitDataModule):
         super().__init__()
         self.save_hyperparameters(ignore=["augment"])
         self.transform = worker_transform(augment)
-        self.classes: list[str] | None = None
+        self.storage_options = dict(storage_options or {})
         self.features: list[str] | None = None  # sequences: the table's features, and how it was
         self.table_reading: dict[str, Any] | None = None  # read (what kindling.predict reads)
-        self.mean: torch.Tensor | None = None  # images: (1, C, 1, 1), [0, 1] units; sequences: (F,)
-        self.std: torch.Tensor | None = None
-        self.train_loader: StreamingDataLoader | None = None
-        self._train_loader_state: dict[str, Any] | None = None  # from a checkpoint
 
     @functools.cached_property
     def metadata(self) -> dict[str, Any]:
@@ -270,10 +265,6 @@ class StreamingDataModule(SplitDataModule):
     @property
     def kind(self) -> str:
         return self.metadata.get("kind", IMAGES)  # the first copies held images only
-
-    @property
-    def storage_options(self) -> dict[str, Any]:
-        return dict(self.hparams.storage_options or {})
 
     def describe(self) -> dict[str, Any]:  # None where the copy's kind has no value
         keys = ("image_shape", "num_features", "max_length")
@@ -313,12 +304,7 @@ class StreamingDataModule(SplitDataModule):
                     "or less, or run on one process."
                 )
         check_chunks(hp.input_dir)
-        if self.classes is not None and self.classes != metadata["classes"]:
-            raise UserError(
-                f"data.input_dir={hp.input_dir} has the classes {', '.join(metadata['classes'])}, "
-                f"but the checkpoint was trained on {', '.join(self.classes)}. Use a copy of the "
-                "checkpoint's data."
-            )
+        self.check_classes(metadata["classes"], self.classes)
         self.classes, self.features = metadata["classes"], metadata.get("features")
         if self.kind == SEQUENCES:
             self.table_reading = {key: metadata["source"][key] for key in TABLE_READING}
@@ -369,57 +355,33 @@ class StreamingDataModule(SplitDataModule):
                 drop_last: bool = False) -> StreamingDataLoader:  # fmt: skip
         if not isinstance(dataset, PreparedSplit):  # a new table to predict: a plain loader
             return super()._loader(dataset, shuffle, sampler, drop_last)
-        # LitData shuffles and shares out each epoch itself (the data set's `shuffle`, `seed`).
+        # LitData shuffles and shares out each epoch itself (the data set's `shuffle`, `seed`):
+        # `shuffle` marks the training loader, which drops its last partial batch (BatchNorm,
+        # compiled shapes) unless it is the only one (on one process: setup refuses more).
         # Several processes evaluate whole batches, as many each: under DDP a model with buffers
         # (BatchNorm) synchronises them every step, and one extra batch would hang the run.
-        drop_last = drop_last or (self.trainer is not None and self.trainer.world_size > 1)
+        several = self.trainer is not None and self.trainer.world_size > 1
+        drop_last = several or (shuffle and len(dataset) >= self.batch_size_per_device)
         # Each new iterator draws its workers' base seed from this generator, not from the
         # process's: a resumed run makes an iterator the uninterrupted one did not, and its
         # dropout masks would differ. (Samples are augmented with seeds of their own.)
         options = self.loader_options(dataset, drop_last)
         return StreamingDataLoader(dataset, generator=torch.Generator(), **options)
 
-    def train_dataloader(self) -> StreamingDataLoader:
-        # The last partial batch is dropped (BatchNorm, compiled shapes), unless it is the only
-        # one: a split smaller than one batch still trains (on one process: setup refuses more).
-        drop_last = len(self.data_train) >= self.batch_size_per_device
-        self.train_loader = self._loader(self.data_train, drop_last=drop_last)
-        if self._train_loader_state is not None:
-            # Set here rather than by Lightning, which skips the loader state when the loader
-            # was made before the checkpoint's loops were restored (a schedule that reads
-            # `trainer.estimated_stepping_batches`).
-            self.train_loader.load_state_dict(self._train_loader_state)
-            self._train_loader_state = None
-        return self.train_loader
-
     @property
     def fixed_batch_shapes(self) -> bool:
         return self.hparams.image_shape is not None  # a copy of sequences is padded per batch
 
-    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        # The model summary's example input; sequences, standardised in the workers.
-        if not isinstance(batch, list | tuple) or batch[0].dtype != torch.uint8:
-            return batch
-        images, *rest = batch  # labels, or a prediction's rows and readable
-        mean, std = self.mean.to(images.device), self.std.to(images.device)
-        return [to_model_input(images, mean, std), *rest]
-
     def state_dict(self) -> dict[str, Any]:
-        # Lightning stores this in every checkpoint: prediction needs no training data, and
-        # resumed training continues where the train loader stopped.
-        state = {"mean": self.mean, "std": self.std, "classes": self.classes}
+        state = super().state_dict()
         if self.features is not None:  # sequences: what kindling.predict reads from a table
             state["features"], state["table_reading"] = self.features, self.table_reading
-        if self.train_loader is not None:
-            state["train_loader"] = self.train_loader.state_dict()
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.mean, self.std = state_dict["mean"], state_dict["std"]
-        self.classes = state_dict["classes"]
+        super().load_state_dict(state_dict)
         self.features = state_dict.get("features", self.features)
         self.table_reading = state_dict.get("table_reading", self.table_reading)
-        self._train_loader_state = state_dict.get("train_loader")
         # Lightning loads a checkpoint's state after `setup`: sequences, standardised in the
         # workers, are served with its statistics (images are standardised with `self.mean`).
         for split in (self.data_train, self.data_val, self.data_test):

@@ -13,7 +13,7 @@ from kindling.errors import UserError
 class TorchvisionDataModule(InMemoryImageDataModule):
     """A torchvision data set under `data_dir`, downloaded in `prepare_data` when `download` is on.
 
-    Subclasses name the torchvision class and where its files live.
+    Subclasses name the torchvision class.
     """
 
     dataset_class: ClassVar[type[datasets.VisionDataset]]
@@ -24,7 +24,11 @@ class TorchvisionDataModule(InMemoryImageDataModule):
 
     def expected_files(self) -> tuple[Path, list[str]]:
         """The folder torchvision reads and the files it needs there."""
-        raise NotImplementedError
+        cls, root = self.dataset_class, Path(self.hparams.data_dir).resolve()
+        if issubclass(cls, datasets.MNIST):  # the uncompressed files; the .gz are downloaded
+            return root / cls.__name__ / "raw", [n.removesuffix(".gz") for n, _ in cls.resources]
+        names = [name for name, _md5 in cls.train_list + cls.test_list] + [cls.meta["filename"]]
+        return root / cls.base_folder, names
 
     def _dataset(self, train: bool, download: bool = False) -> datasets.VisionDataset:
         try:
@@ -63,11 +67,6 @@ class MNISTDataModule(TorchvisionDataModule):
 
     dataset_class = datasets.MNIST
 
-    def expected_files(self) -> tuple[Path, list[str]]:
-        folder = Path(self.hparams.data_dir).resolve() / self.dataset_class.__name__ / "raw"
-        # torchvision reads the uncompressed files; the .gz files are what it downloads.
-        return folder, [name.removesuffix(".gz") for name, _md5 in self.dataset_class.resources]
-
 
 class FashionMNISTDataModule(MNISTDataModule):
     """28x28 grey images of clothing in 10 classes, in MNIST's format."""
@@ -79,9 +78,3 @@ class CIFAR10DataModule(TorchvisionDataModule):
     """32x32 colour images in 10 classes, 50,000 train and 10,000 test images."""
 
     dataset_class = datasets.CIFAR10
-
-    def expected_files(self) -> tuple[Path, list[str]]:
-        cls = self.dataset_class
-        folder = Path(self.hparams.data_dir).resolve() / cls.base_folder
-        names = [name for name, _md5 in cls.train_list + cls.test_list] + [cls.meta["filename"]]
-        return folder, names
