@@ -39,10 +39,16 @@ def two_fake_gpus(monkeypatch) -> None:
     cuda = torch.cuda
     monkeypatch.setattr(cuda, "is_available", lambda: True)
     monkeypatch.setattr(cuda, "device_count", lambda: 2)
-    monkeypatch.setattr(cuda, "get_device_name", lambda i: names[i])
-    monkeypatch.setattr(cuda, "get_device_capability", lambda i: [(9, 0), (8, 0)][i])
+    capabilities = [(9, 0), (8, 0)]
     monkeypatch.setattr(
-        cuda, "get_device_properties", lambda i: SimpleNamespace(total_memory=totals[i])
+        cuda,
+        "get_device_properties",
+        lambda i: SimpleNamespace(
+            name=names[i],
+            major=capabilities[i][0],
+            minor=capabilities[i][1],
+            total_memory=totals[i],
+        ),
     )
     monkeypatch.setattr(cuda, "memory_allocated", lambda i: [3 * GIB, 0][i])
     monkeypatch.setattr(cuda, "memory_reserved", lambda i: [4 * GIB, 0][i])
@@ -84,10 +90,10 @@ def test_report_lists_two_gpus_and_recommends_ddp(two_fake_gpus) -> None:
 
 def test_recommendation_follows_the_hardware(two_fake_gpus, monkeypatch) -> None:
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: "GPU")
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i: (8, 9))
     monkeypatch.setattr(
-        torch.cuda, "get_device_properties", lambda i: SimpleNamespace(total_memory=GIB)
+        torch.cuda,
+        "get_device_properties",
+        lambda i: SimpleNamespace(name="GPU", major=8, minor=9, total_memory=GIB),
     )
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda i: 0)
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda i: 0)

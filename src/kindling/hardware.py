@@ -14,20 +14,10 @@ GIB = 1024**3
 
 
 @dataclass
-class GPU:
-    index: int  # among the visible devices
-    name: str
-    capability: tuple[int, int]
-    total_bytes: int
-    allocated_bytes: int  # by tensors of this process
-    reserved_bytes: int  # by this process's caching allocator
-
-
-@dataclass
 class DeviceInfo:
     cuda_available: bool
     mps_available: bool
-    gpus: list[GPU] = field(default_factory=list)
+    gpus: list = field(default_factory=list)  # each visible GPU's torch.cuda.get_device_properties
 
     @property
     def recommended_trainer(self) -> str:
@@ -41,15 +31,9 @@ class DeviceInfo:
 
 
 def collect_device_info() -> DeviceInfo:
-    """Memory counters only where CUDA is initialised already: no CUDA context of its own."""
     cuda = torch.cuda  # looked up at call time: tests fake GPUs
     available = cuda.is_available()
-    gpus = [
-        GPU(i, cuda.get_device_name(i), tuple(cuda.get_device_capability(i)),
-            cuda.get_device_properties(i).total_memory, cuda.memory_allocated(i),
-            cuda.memory_reserved(i))
-        for i in range(cuda.device_count() if available else 0)
-    ]  # fmt: skip
+    gpus = [cuda.get_device_properties(i) for i in range(cuda.device_count() if available else 0)]
     return DeviceInfo(available, torch.backends.mps.is_available(), gpus)
 
 
@@ -64,12 +48,12 @@ def device_table(info: DeviceInfo) -> Table:
         table.add_row("cuDNN", str(torch.backends.cudnn.version()))
     table.add_row("CUDA available", "yes" if info.cuda_available else "no")
     table.add_row("GPUs", str(len(info.gpus)))
-    for gpu in info.gpus:
+    for i, gpu in enumerate(info.gpus):  # memory: this process's tensors, its caching allocator
+        allocated, reserved = torch.cuda.memory_allocated(i), torch.cuda.memory_reserved(i)
         table.add_row(
-            f"cuda:{gpu.index}",
-            f"{gpu.name} · sm_{''.join(map(str, gpu.capability))} · "
-            f"{gpu.total_bytes / GIB:.1f} GiB total · {gpu.allocated_bytes / GIB:.1f} GiB "
-            f"allocated · {gpu.reserved_bytes / GIB:.1f} GiB reserved",
+            f"cuda:{i}",
+            f"{gpu.name} · sm_{gpu.major}{gpu.minor} · {gpu.total_memory / GIB:.1f} GiB total · "
+            f"{allocated / GIB:.1f} GiB allocated · {reserved / GIB:.1f} GiB reserved",
         )
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     table.add_row("CUDA_VISIBLE_DEVICES", "not set (all)" if visible is None else repr(visible))

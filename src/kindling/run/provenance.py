@@ -17,11 +17,11 @@ from typing import Any
 import hydra
 import lightning
 import torch
-import yaml
 from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch.utilities import rank_zero_only
 
 import kindling
+from kindling.run.job_record import write_yaml
 
 PROVENANCE_FILE = "provenance.yaml"
 DIFF_FILE = "git.diff"
@@ -92,12 +92,9 @@ def summary(record: dict[str, Any]) -> dict[str, Any]:
 @rank_zero_only
 def save(record: dict[str, Any], folder: str | Path) -> None:
     """Write `provenance.yaml` (and `git.diff` when the tree was dirty) into `folder`."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    text = yaml.safe_dump(summary(record), sort_keys=False, width=1000)
-    (folder / PROVENANCE_FILE).write_text(text)
+    write_yaml(Path(folder) / PROVENANCE_FILE, summary(record))  # and makes the folder
     if record["git"]["diff"] is not None:
-        (folder / DIFF_FILE).write_text(record["git"]["diff"])
+        (Path(folder) / DIFF_FILE).write_text(record["git"]["diff"])
 
 
 def key(override: str) -> str:
