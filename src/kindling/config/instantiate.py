@@ -98,9 +98,8 @@ def check_arguments(node: Any, key: str) -> None:
         _bind(node, key)
         if not node.get("_recursive_", True):
             return
-    for name, child in node.items():
-        if name not in HYDRA_KEYS:
-            check_arguments(child, f"{key}.{name}")
+    for name, child in node.items():  # Hydra's keys hold no config: `_args_` is a list
+        check_arguments(child, f"{key}.{name}")
 
 
 def _bind(node: DictConfig, key: str) -> None:
@@ -120,8 +119,7 @@ def _bind(node: DictConfig, key: str) -> None:
                 f"{', '.join(parameters)}). Remove {key}.{argument} or correct its name."
             )
         if not _has_type(value, parameter.annotation):
-            hint = parameter.annotation
-            hint = hint.__name__ if isinstance(hint, type) else str(hint)
+            hint = inspect.formatannotation(parameter.annotation, "builtins")
             hint = hint.replace("typing.", "").replace("collections.abc.", "")
             raise UserError(
                 f"{given} has the wrong type: {name} takes {argument}: {hint}. Change "
