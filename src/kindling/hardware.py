@@ -71,14 +71,8 @@ def best_precision(accelerator: str) -> str:
         return "32-true"
     if torch.version.hip:
         return "bf16-mixed"
-    major = min(major for major, _minor in cuda_capabilities())
-    # Native bfloat16 from 8 on (torch.cuda.is_bf16_supported also counts emulated).
-    return "bf16-mixed" if major >= 8 else "16-mixed" if major >= 7 else "32-true"
-
-
-def cuda_capabilities() -> list[tuple[int, int]]:
-    """Each visible GPU's compute capability, through NVML (a CUDA context would keep ddp_fork
-    from forking); where NVML cannot answer (Jetson, MIG), through torch."""
+    # Each visible GPU's capability through NVML (a CUDA context would keep ddp_fork from
+    # forking); where NVML cannot answer (Jetson, MIG), through torch.
     try:
         pynvml.nvmlInit()
         try:
@@ -90,8 +84,10 @@ def cuda_capabilities() -> list[tuple[int, int]]:
                 else pynvml.nvmlDeviceGetHandleByUUID(name)
                 for name in names
             ]  # fmt: skip
-            return [tuple(pynvml.nvmlDeviceGetCudaComputeCapability(h)) for h in handles]
+            major = min(pynvml.nvmlDeviceGetCudaComputeCapability(h)[0] for h in handles)
         finally:
             pynvml.nvmlShutdown()
     except pynvml.NVMLError:
-        return [tuple(torch.cuda.get_device_capability())]
+        major = torch.cuda.get_device_capability()[0]
+    # Native bfloat16 from 8 on (torch.cuda.is_bf16_supported also counts emulated).
+    return "bf16-mixed" if major >= 8 else "16-mixed" if major >= 7 else "32-true"
