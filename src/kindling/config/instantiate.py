@@ -119,7 +119,7 @@ def _bind(node: DictConfig, key: str) -> None:
                 f"{', '.join(parameters)}). Remove {key}.{argument} or correct its name."
             )
         if not _has_type(value, parameter.annotation):
-            hint = inspect.formatannotation(parameter.annotation, "builtins")
+            hint = inspect.formatannotation(parameter.annotation)
             hint = hint.replace("typing.", "").replace("collections.abc.", "")
             raise UserError(
                 f"{given} has the wrong type: {name} takes {argument}: {hint}. Change "
