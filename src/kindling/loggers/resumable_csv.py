@@ -51,11 +51,8 @@ class ResumableCSVLogger(CSVLogger):
     @rank_zero_only
     def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
         ahead, self._written_ahead = self._written_ahead, None
-        if ahead is not None and step == ahead[1]:  # what the checkpoint's save wrote already
-            metrics = {k: v for k, v in metrics.items() if k == "epoch" or ahead[0].get(k) != v}
-            if metrics.keys() <= {"epoch"}:
-                return
-        super().log_metrics(metrics, step)
+        if (metrics, step) != ahead:  # not the row the checkpoint's save wrote already
+            super().log_metrics(metrics, step)
 
 
 class ContinuingWriter(ExperimentWriter):
@@ -85,14 +82,9 @@ class ContinuingWriter(ExperimentWriter):
         """Append the rows logged since the last save; with a new column, replace the file."""
         if not self.metrics:
             return
-        exists = os.path.isfile(self.metrics_file_path)
-        if self._new_run and exists:
-            os.remove(self.metrics_file_path)  # a new run: its own rows only
-            exists = False
-        self._new_run = False
         keys = sorted(set(self.metrics_keys).union(*self.metrics))
-        if not exists:
-            self._replace(keys, self.metrics)
+        if self._new_run or not os.path.isfile(self.metrics_file_path):
+            self._replace(keys, self.metrics)  # a new run: its own rows only
         elif keys != self.metrics_keys:  # Lightning rewrites in place: a kill would cut it short
             self._replace(keys, [*self._read()[1], *self.metrics])
         else:
@@ -100,7 +92,7 @@ class ContinuingWriter(ExperimentWriter):
                 csv.DictWriter(file, fieldnames=keys).writerows(self.metrics)
                 file.flush()
                 os.fsync(file.fileno())
-        self.metrics_keys, self.metrics = keys, []
+        self.metrics_keys, self.metrics, self._new_run = keys, [], False
 
     def _read(self) -> tuple[list[str], list[dict[str, str]]]:
         with open(self.metrics_file_path, newline="") as file:
