@@ -6,7 +6,6 @@ import signal
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -129,9 +128,8 @@ class CheckpointOnInterrupt(Callback):
             path = next_hpc_checkpoint(trainer.default_root_dir)
         else:
             folder = getattr(trainer.checkpoint_callback, "dirpath", None)
-            folder = str(folder or Path(trainer.default_root_dir) / "checkpoints")
-            # Joined as text: Path would turn the `//` of an s3:// or memory:// URL into `/`.
-            path = f"{folder.rstrip('/')}/{self.filename}"
+            folder = folder or os.path.join(trainer.default_root_dir, "checkpoints")
+            path = os.path.join(folder, self.filename)  # Path would turn s3:// into s3:/
         trainer.save_checkpoint(path)
         self._deadline = None  # saved: the run ends as it should
         if on_slurm:
