@@ -11,7 +11,6 @@ from typing import Any
 from lightning.fabric.loggers.logger import rank_zero_experiment
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
-from lightning.pytorch.utilities import rank_zero_only
 
 from kindling.files import write_atomically
 
@@ -23,7 +22,8 @@ class ResumableCSVLogger(CSVLogger):
     Training resumed from a checkpoint (`ResumeExactly` calls `continue_after`) keeps the rows
     the checkpoint covers and appends; every row a checkpoint covers is on disk before it
     (`save_before_checkpoint`); the file is only appended to or replaced whole. A resumed run's
-    hparams go to `hparams_resumed_<n>.yaml`."""
+    hparams go to `hparams_resumed_<n>.yaml`. Rank 0 alone writes: the other ranks' `experiment`
+    is Lightning's stand-in, which does nothing."""
 
     _written_ahead: Row | None = None  # by the last `save_before_checkpoint`
 
@@ -35,11 +35,9 @@ class ResumableCSVLogger(CSVLogger):
             self._experiment = ContinuingWriter(log_dir=self.log_dir)
         return self._experiment
 
-    @rank_zero_only
     def continue_after(self, epoch: int, step: int) -> None:
         self.experiment.keep_rows_until(epoch, step)
 
-    @rank_zero_only
     def save_before_checkpoint(self, to_come: Row | None) -> None:
         """Sync to disk every row logged so far and `to_come`, which Lightning logs only after
         the checkpoint (an epoch's train values; not written twice)."""
@@ -48,7 +46,6 @@ class ResumableCSVLogger(CSVLogger):
             self._written_ahead = to_come
         self.save()
 
-    @rank_zero_only
     def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
         ahead, self._written_ahead = self._written_ahead, None
         if (metrics, step) != ahead:  # not the row the checkpoint's save wrote already
