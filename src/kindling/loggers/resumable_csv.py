@@ -76,7 +76,6 @@ class ContinuingWriter(ExperimentWriter):
             self.metrics_keys = sorted(set(self.metrics_keys) | set(keys))
 
     def save(self) -> None:
-        """Append the rows logged since the last save; with a new column, replace the file."""
         if not self.metrics:
             return
         keys = sorted(set(self.metrics_keys).union(*self.metrics))
