@@ -100,9 +100,8 @@ class RunPlots(Callback):
         self.history.update(state_dict["history"])  # loaded before any epoch is recorded
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.is_global_zero and (
-            figure := learning_curves_figure(self.history, self.metrics)
-        ):
+        figure = learning_curves_figure(self.history, self.metrics)  # None: nothing logged
+        if figure and trainer.is_global_zero:
             self._save(trainer, figure, self.curves_file, "plots/learning_curves")
 
     def on_test_batch_end(self, trainer: L.Trainer, pl_module: Any, outputs: Any, *_: Any) -> None:
