@@ -100,8 +100,9 @@ class RunPlots(Callback):
         self.history.update(state_dict["history"])  # loaded before any epoch is recorded
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        figure = learning_curves_figure(self.history, self.metrics)  # None: nothing logged
-        if figure and trainer.is_global_zero:
+        if not trainer.is_global_zero:
+            return
+        if figure := learning_curves_figure(self.history, self.metrics):
             self._save(trainer, figure, self.curves_file, "plots/learning_curves")
 
     def on_test_batch_end(self, trainer: L.Trainer, pl_module: Any, outputs: Any, *_: Any) -> None:
