@@ -288,15 +288,25 @@ class SigtermDuringValidation(L.Callback):
             os.kill(os.getpid(), signal.SIGTERM)
 
 
+class SigtermBeforeValidation(L.Callback):
+    """Sends this process SIGTERM in the second epoch's last step (debug=limit: 5 a epoch): the
+    ranks agree to stop at its end, just before the epoch's validation."""
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:
+        if trainer.current_epoch == 1 and batch_idx == 4:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+@pytest.mark.parametrize("signaller", [SigtermDuringValidation, SigtermBeforeValidation])
 def test_sigterm_during_validation_stops_when_the_epoch_has_validated(
-    compose_config, tmp_path: Path, monkeypatch
+    compose_config, tmp_path: Path, monkeypatch, signaller
 ) -> None:
     # Lightning alone stops in the middle of the validation; resumed from there, the run never
     # validated that epoch.
     cfg = compose_config("trainer=cpu", "debug=limit", "test=false", *QUIET)
     monkeypatch.setattr(
         kindling.train, "instantiate_group",
-        lambda config, group: [*instantiate_group(config, group), SigtermDuringValidation()]
+        lambda config, group: [*instantiate_group(config, group), signaller()]
         if group == "callbacks" else instantiate_group(config, group),
     )  # fmt: skip
     with pytest.raises(SystemExit) as stopped:

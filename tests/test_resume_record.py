@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from kindling.callbacks.plots import read_history
 from kindling.files import AtomicCheckpointIO
 from kindling.loggers.resumable_csv import ResumableCSVLogger
 from kindling.train import run
@@ -52,7 +51,8 @@ def test_a_resumed_run_keeps_the_rows_its_checkpoint_covers(tmp_path: Path) -> N
     assert [row["lr-AdamW"] for row in rows if row["lr-AdamW"]] == ["0.1", "0.05"]
     assert epochs_with(rows, "test/loss") == [2]  # the test of the first part stays
     assert epochs_with(rows, "val/acc") == [2]  # a key new to the file: the header grows
-    assert read_history(tmp_path / "csv" / "metrics.csv")["val/loss"] == {0: 2.0, 1: 1.5, 2: 1.2}
+    val_loss = {row["epoch"]: row["val/loss"] for row in rows if row["val/loss"]}
+    assert val_loss == {"0": "2.0", "1": "1.5", "2": "1.2"}
     # The first run's hparams stay; the resumed run's are beside them.
     assert "lr: 0.1" in (tmp_path / "csv" / "hparams.yaml").read_text()
     assert "lr: 0.2" in (tmp_path / "csv" / "hparams_resumed_1.yaml").read_text()
@@ -78,11 +78,11 @@ def test_resume_in_the_same_folder_keeps_every_epoch(compose_config, tmp_path: P
     rows = read_csv(run_dir / "csv" / "metrics.csv")
     assert epochs_with(rows, "val/loss") == [0, 1, 2, 3]
     assert epochs_with(rows, "train/loss") == [0, 1, 2, 3]
-    history = read_history(run_dir / "csv" / "metrics.csv")  # what the learning curves plot
-    assert sorted(history["val/loss"]) == sorted(history["train/acc"]) == [0, 1, 2, 3]
-    # The curves of a run without a CSV file come from the checkpoint.
+    assert epochs_with(rows, "train/acc") == [0, 1, 2, 3]
+    # What the learning curves plot: the history each checkpoint saves, every epoch's train
+    # values too (Lightning logs them after the epoch's checkpoints are saved).
     plots = torch.load(checkpoint, weights_only=True)["callbacks"]["RunPlots"]["history"]
-    assert sorted(plots["val/loss"]) == [0, 1, 2, 3]
+    assert sorted(plots["val/loss"]) == sorted(plots["train/acc"]) == [0, 1, 2, 3]
     # The first run's record stays; the resumed run's is beside it.
     assert (run_dir / "config_tree.log").read_text() == first_tree
     (resumed,) = (run_dir / ".hydra").glob("resumed_*")
@@ -158,13 +158,14 @@ def test_every_checkpoint_follows_the_rows_of_the_epochs_it_covers(
     """What a SIGKILL right after a checkpoint is written would leave: metrics.csv as it is
     then. Lightning logs an epoch's train values after its checkpoints are saved."""
     on_disk: dict[str, list[dict[str, str]]] = {}
+    plotted: dict[str, list[int]] = {}  # the epochs of train values the learning curves get
     real_save = AtomicCheckpointIO.save_checkpoint
 
     def save_checkpoint(io, checkpoint, path, storage_options=None) -> None:
         real_save(io, checkpoint, path, storage_options)
-        on_disk[f"{Path(path).name}, epoch {checkpoint['epoch']}"] = read_csv(
-            tmp_path / "run" / "csv" / "metrics.csv"
-        )
+        name = f"{Path(path).name}, epoch {checkpoint['epoch']}"
+        on_disk[name] = read_csv(tmp_path / "run" / "csv" / "metrics.csv")
+        plotted[name] = sorted(checkpoint["callbacks"]["RunPlots"]["history"]["train/loss"])
 
     monkeypatch.setattr(AtomicCheckpointIO, "save_checkpoint", save_checkpoint)
     run(compose_config("trainer=cpu", "debug=limit", "test=false", *QUIET))
@@ -182,6 +183,7 @@ def test_every_checkpoint_follows_the_rows_of_the_epochs_it_covers(
         covered = list(range(min(int(name.split()[-1]) + 1, 3)))
         assert epochs_with(rows, "train/loss") == covered, name
         assert epochs_with(rows, "val/loss") == covered, name
+        assert plotted[name] == covered, name
 
 
 # Imported by the runs the test below kills (their PYTHONPATH has the test's folder).

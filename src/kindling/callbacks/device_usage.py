@@ -29,8 +29,8 @@ class DeviceReport(Callback):
 
     on_test_start = on_fit_start
 
-    def on_fit_end(self, trainer: L.Trainer, *args: Any, stage: str = "fit") -> None:
-        device = trainer.strategy.root_device
+    def on_fit_end(self, trainer: L.Trainer, *args: Any) -> None:
+        device, stage = trainer.strategy.root_device, trainer.state.fn.value  # "fit" or "test"
         if device.type != "cuda":
             return
         peaks = [torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)]
@@ -50,5 +50,4 @@ class DeviceReport(Callback):
                     step=trainer.global_step,
                 )  # fmt: skip
 
-    def on_test_end(self, trainer: L.Trainer, *args: Any) -> None:
-        self.on_fit_end(trainer, stage="test")
+    on_test_end = on_fit_end

@@ -6,7 +6,6 @@ import signal
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -34,7 +33,6 @@ class CheckpointOnInterrupt(Callback):
         self._trainer: L.Trainer | None = None  # set once the handlers are in place
         self._ctrl_c_before: Any = None  # Ctrl-C's handler, put back at the first Ctrl-C
         self._deadline: float | None = None  # of the watchdog, once a signal came
-        self._held = False  # a stop held until the validation it came in ends
 
     # Lightning's handler is in place while a stage runs: taken over, with Ctrl-C unless ignored
     # and SIGUSR1 in a SLURM job. Lightning puts back every handler when the stage ends.
@@ -44,7 +42,7 @@ class CheckpointOnInterrupt(Callback):
             return
         if threading.current_thread() is not threading.main_thread():
             return
-        self._trainer, self.stopped_by, self._held = trainer, None, False
+        self._trainer, self.stopped_by = trainer, None
         signal.signal(signal.SIGTERM, self._on_signal)
         if signal.getsignal(signal.SIGINT) != signal.SIG_IGN:
             self._ctrl_c_before = signal.signal(signal.SIGINT, self._on_signal)
@@ -99,18 +97,16 @@ class CheckpointOnInterrupt(Callback):
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._deadline = None  # the stage ended; the process may go on (a multirun's next job)
 
+    # In fit, the ranks agree at the validation's end: a stop agreed before it is held till then
+    # (Lightning would stop after this hook), and agreed again, as its signal is still there.
     def on_validation_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
         if trainer.state.fn != TrainerFn.FITTING:
             self._agree(trainer)
-        elif trainer.received_sigterm:  # Lightning would stop after this hook: held to the end
+        elif self._trainer is not None:
             set_sigterm_received(trainer, False)
-            self._held = True
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self._held:
-            set_sigterm_received(trainer, True)
-            self._held = False
-        elif trainer.state.fn == TrainerFn.FITTING:
+        if trainer.state.fn == TrainerFn.FITTING:
             self._agree(trainer)
 
     def on_exception(self, trainer: L.Trainer, pl_module: Any, exception: BaseException) -> None:
@@ -129,9 +125,8 @@ class CheckpointOnInterrupt(Callback):
             path = next_hpc_checkpoint(trainer.default_root_dir)
         else:
             folder = getattr(trainer.checkpoint_callback, "dirpath", None)
-            folder = str(folder or Path(trainer.default_root_dir) / "checkpoints")
-            # Joined as text: Path would turn the `//` of an s3:// or memory:// URL into `/`.
-            path = f"{folder.rstrip('/')}/{self.filename}"
+            folder = folder or os.path.join(trainer.default_root_dir, "checkpoints")
+            path = os.path.join(folder, self.filename)  # Path would turn s3:// into s3:/
         trainer.save_checkpoint(path)
         self._deadline = None  # saved: the run ends as it should
         if on_slurm:

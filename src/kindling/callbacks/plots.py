@@ -1,6 +1,5 @@
 """Pictures of a run: learning curves after fit, the test confusion matrix after test."""
 
-import csv
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -10,25 +9,13 @@ import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
 from matplotlib.figure import Figure
 from torchmetrics.classification import MulticlassConfusionMatrix
 
 History = dict[str, dict[int, float]]  # {"train/loss": {epoch: value}}
 STAGES = ("train", "val")
-
-
-def read_history(metrics_csv: str | Path) -> History:
-    """The epoch-level values of a CSVLogger's metrics.csv."""
-    history: History = defaultdict(dict)
-    if Path(metrics_csv).is_file():
-        with open(metrics_csv, newline="") as f:
-            for row in csv.DictReader(f):
-                for name, value in row.items():
-                    if value and row.get("epoch") and name.startswith(("train/", "val/")):
-                        history[name][int(float(row["epoch"]))] = float(value)
-    return history
 
 
 def learning_curves_figure(history: History, metrics: Sequence[str]) -> Figure | None:
@@ -64,9 +51,9 @@ class RunPlots(Callback):
     """`curves_file` (learning curves of `metrics`, logged as `train/<name>`, `val/<name>`) at
     the end of fit; `confusion_matrix_file` (PNG and CSV) after test, of the `preds` and
     `targets` the test step returns (as `Classifier`'s does) over `hparams.num_classes` (or
-    `num_classes` here). The history travels in checkpoints and is completed from metrics.csv,
-    so a resumed run plots the whole run. Rank 0 writes the files into `output_dir` (default:
-    the trainer's folder), and to a TensorBoardLogger."""
+    `num_classes` here). The history travels in checkpoints, an epoch's train values with the
+    epoch's, so a resumed run plots the whole run. Rank 0 writes the files into `output_dir`
+    (default: the trainer's folder), and to a TensorBoardLogger."""
 
     def __init__(
         self,
@@ -99,21 +86,22 @@ class RunPlots(Callback):
             if value is not None and trainer.is_global_zero:
                 self.history[f"{stage}/{name}"][epoch] = float(value)
 
+    def setup(self, trainer: L.Trainer, *args: Any, **kwargs: Any) -> None:
+        self._trainer = trainer
+
     def state_dict(self) -> dict[str, Any]:
+        # An epoch's checkpoints are saved once its train values are logged: they go with them.
+        progress = self._trainer.fit_loop.epoch_progress.current
+        if progress.processed > progress.completed:
+            self._record(self._trainer, "train", self._trainer.current_epoch)
         return {"history": {name: dict(values) for name, values in self.history.items()}}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        for name, values in state_dict.get("history", {}).items():
-            self.history[name].update(values)
+        self.history.update(state_dict["history"])  # loaded before any epoch is recorded
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.is_global_zero:
             return
-        for logger in trainer.loggers:
-            if isinstance(logger, CSVLogger):  # also the epoch a checkpoint ended, logged after
-                logger.save()
-                for name, values in read_history(logger.experiment.metrics_file_path).items():
-                    self.history[name].update(values)
         if figure := learning_curves_figure(self.history, self.metrics):
             self._save(trainer, figure, self.curves_file, "plots/learning_curves")
 

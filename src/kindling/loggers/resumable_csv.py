@@ -11,7 +11,6 @@ from typing import Any
 from lightning.fabric.loggers.logger import rank_zero_experiment
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
-from lightning.pytorch.utilities import rank_zero_only
 
 from kindling.files import write_atomically
 
@@ -23,7 +22,8 @@ class ResumableCSVLogger(CSVLogger):
     Training resumed from a checkpoint (`ResumeExactly` calls `continue_after`) keeps the rows
     the checkpoint covers and appends; every row a checkpoint covers is on disk before it
     (`save_before_checkpoint`); the file is only appended to or replaced whole. A resumed run's
-    hparams go to `hparams_resumed_<n>.yaml`."""
+    hparams go to `hparams_resumed_<n>.yaml`. Rank 0 alone writes: the other ranks' `experiment`
+    is Lightning's stand-in, which does nothing."""
 
     _written_ahead: Row | None = None  # by the last `save_before_checkpoint`
 
@@ -35,11 +35,9 @@ class ResumableCSVLogger(CSVLogger):
             self._experiment = ContinuingWriter(log_dir=self.log_dir)
         return self._experiment
 
-    @rank_zero_only
     def continue_after(self, epoch: int, step: int) -> None:
         self.experiment.keep_rows_until(epoch, step)
 
-    @rank_zero_only
     def save_before_checkpoint(self, to_come: Row | None) -> None:
         """Sync to disk every row logged so far and `to_come`, which Lightning logs only after
         the checkpoint (an epoch's train values; not written twice)."""
@@ -48,14 +46,10 @@ class ResumableCSVLogger(CSVLogger):
             self._written_ahead = to_come
         self.save()
 
-    @rank_zero_only
     def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
         ahead, self._written_ahead = self._written_ahead, None
-        if ahead is not None and step == ahead[1]:  # what the checkpoint's save wrote already
-            metrics = {k: v for k, v in metrics.items() if k == "epoch" or ahead[0].get(k) != v}
-            if metrics.keys() <= {"epoch"}:
-                return
-        super().log_metrics(metrics, step)
+        if (metrics, step) != ahead:  # not the row the checkpoint's save wrote already
+            super().log_metrics(metrics, step)
 
 
 class ContinuingWriter(ExperimentWriter):
@@ -82,17 +76,11 @@ class ContinuingWriter(ExperimentWriter):
             self.metrics_keys = sorted(set(self.metrics_keys) | set(keys))
 
     def save(self) -> None:
-        """Append the rows logged since the last save; with a new column, replace the file."""
         if not self.metrics:
             return
-        exists = os.path.isfile(self.metrics_file_path)
-        if self._new_run and exists:
-            os.remove(self.metrics_file_path)  # a new run: its own rows only
-            exists = False
-        self._new_run = False
         keys = sorted(set(self.metrics_keys).union(*self.metrics))
-        if not exists:
-            self._replace(keys, self.metrics)
+        if self._new_run or not os.path.isfile(self.metrics_file_path):
+            self._replace(keys, self.metrics)  # a new run: its own rows only
         elif keys != self.metrics_keys:  # Lightning rewrites in place: a kill would cut it short
             self._replace(keys, [*self._read()[1], *self.metrics])
         else:
@@ -100,7 +88,7 @@ class ContinuingWriter(ExperimentWriter):
                 csv.DictWriter(file, fieldnames=keys).writerows(self.metrics)
                 file.flush()
                 os.fsync(file.fileno())
-        self.metrics_keys, self.metrics = keys, []
+        self.metrics_keys, self.metrics, self._new_run = keys, [], False
 
     def _read(self) -> tuple[list[str], list[dict[str, str]]]:
         with open(self.metrics_file_path, newline="") as file:
