@@ -236,8 +236,10 @@ def decode_batch(
     decoded = iter(decode_jpeg(jpegs, mode=mode, device=device) if jpegs else [])
     images = []
     for data, jpeg in zip(encoded, is_jpeg, strict=True):
-        image = next(decoded) if jpeg else read_image(data, channels, size).to(device)
-        image = resize(image, [size, size], antialias=True)
+        if jpeg:
+            image = resize(next(decoded), [size, size], antialias=True)
+        else:  # read_image resizes
+            image = read_image(data, channels, size).to(device)
         images.append(transform(image) if transform is not None else image)
     return torch.stack(images)
 
