@@ -12,6 +12,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+import torch
 import yaml
 from optuna.trial import TrialState
 
@@ -201,7 +202,12 @@ def test_a_job_stopped_by_slurm_requeues_and_ends_as_an_uninterrupted_run(
     (tmp_path / "modules" / "slurm_signal.py").write_text(textwrap.dedent(WAIT_FOR_SIGNAL))
     wait = ["+callbacks.wait._target_=slurm_signal.WaitForSignalAt", "+callbacks.wait.steps=[3,7]"]
     job = start_submit(slurm_cluster, *exact, *wait, cwd=tmp_path, module_dir=tmp_path / "modules")
-    kindling.train.run(compose_config(*exact))  # the same run, uninterrupted, meanwhile
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the job's one CPU has it (OMP_NUM_THREADS): the same sums
+    try:
+        kindling.train.run(compose_config(*exact))  # the same run, uninterrupted, meanwhile
+    finally:
+        torch.set_num_threads(threads)
     for step in (3, 7):
         deadline = time.monotonic() + 120
         while not (at_step := list(tmp_path.glob(f"logs/debug/multiruns/*/0/at_step_{step}"))):
