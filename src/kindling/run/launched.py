@@ -23,14 +23,6 @@ def new_folder(parent: Path) -> Path:
     return job_folder(parent, name)
 
 
-def claim(folder: str | Path) -> None:
-    """Take a SLURM run folder for this command and rank (`slurm.claim`); elsewhere nothing."""
-    if slurm_name() is not None:
-        from kindling.run import slurm
-
-        slurm.claim(folder)
-
-
 def check_launch() -> None:
     """Refuse, before Hydra composes, a launch whose ranks cannot name one run folder."""
     if slurm_name() is None:

@@ -77,9 +77,9 @@ def launched() -> bool:
 
 
 def claim(folder: str | Path) -> None:
-    """Take a SLURM run folder for this command and rank (`launched.claim`); elsewhere nothing."""
-    if launched():
-        from kindling.run.launched import claim
+    """Take a SLURM run folder for this command and rank (`slurm.claim`); elsewhere nothing."""
+    if "SLURM_JOB_ID" in os.environ or "SLURM_ARRAY_JOB_ID" in os.environ:
+        from kindling.run.slurm import claim
 
         claim(folder)
 
