@@ -270,3 +270,28 @@ def test_ddp_one_gpu_trains_on_one_gpu(tmp_path: Path) -> None:
     with open(run_dir / "csv" / "metrics.csv") as f:
         (test_acc,) = [float(row["test/acc"]) for row in csv.DictReader(f) if row.get("test/acc")]
     assert test_acc > 0.5  # 10 classes: chance is 0.1
+
+
+@pytest.mark.slow
+def test_a_launch_that_fails_before_its_ranks_connect_ends_them_all(tmp_path: Path) -> None:
+    """Rank 0 cannot open the ranks' meeting point (its port is taken) after starting rank 1:
+    the command fails at once instead of leaving rank 1 retrying for 30 minutes."""
+    import contextlib
+    import signal
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        env = {**os.environ, "MASTER_PORT": str(taken.getsockname()[1])}
+        command = [*PYTHON, str(ROOT / "train.py"), *TWO_CPUS, "debug=limit", *QUIET]
+        launch = subprocess.Popen(
+            command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True, start_new_session=True,
+        )  # fmt: skip
+        try:
+            output, _ = launch.communicate(timeout=60)  # every rank's end closes the pipe
+        finally:
+            with contextlib.suppress(ProcessLookupError):  # ended already
+                os.killpg(launch.pid, signal.SIGKILL)
+    assert launch.returncode == 1, output[-3000:]
+    assert "address already in use" in output.lower(), output[-3000:]

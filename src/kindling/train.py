@@ -145,14 +145,21 @@ def train_and_test(cfg: DictConfig) -> float | None:
 
         trackers.start(cfg.get("logger"), trainer.loggers, hparams, run_provenance)
 
-    if cfg.get("train"):
-        trainer.fit(model=model, datamodule=datamodule, ckpt_path=checkpoint)
-    metrics = dict(trainer.callback_metrics)
-    tested = None
-    if cfg.get("test"):
-        tested = _tested_checkpoint(trainer) if cfg.get("train") else checkpoint
-        trainer.test(model=model, datamodule=datamodule, ckpt_path=tested)
-        metrics.update(trainer.callback_metrics)
+    try:
+        if cfg.get("train"):
+            trainer.fit(model=model, datamodule=datamodule, ckpt_path=checkpoint)
+        metrics = dict(trainer.callback_metrics)
+        tested = None
+        if cfg.get("test"):
+            tested = _tested_checkpoint(trainer) if cfg.get("train") else checkpoint
+            trainer.test(model=model, datamodule=datamodule, ckpt_path=tested)
+            metrics.update(trainer.callback_metrics)
+    except Exception:
+        # Lightning ends the ranks it started only on Ctrl-C: one still connecting to this
+        # process's store would retry for 30 minutes, the command with it.
+        if getattr(trainer.strategy.launcher, "procs", None):
+            trainer.strategy.launcher.kill(signal.SIGKILL)
+        raise
 
     job_record.save_results(metrics, cfg.paths.output_dir)
     rank_zero_info(run_summary(trainer, metrics, cfg.paths.output_dir, tested))
