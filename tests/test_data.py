@@ -555,3 +555,27 @@ def test_on_device_data_trains_like_the_dataloader_path(tmp_path) -> None:
     # Shuffling differs (two generators), the learning does not: both fall far below log(10).
     assert losses[True] < 1.0 and losses[False] < 1.0, losses
     assert abs(losses[True] - losses[False]) < 0.25, losses
+
+
+@pytest.mark.parametrize(("world_size", "warned"), [(2, True), (1, False)])
+def test_workers_beside_other_ranks_warn_where_python_can_hang_in_fork(
+    monkeypatch: pytest.MonkeyPatch, world_size: int, warned: bool
+) -> None:
+    """python/cpython#112275: on the Pythons it affects, a multi-process run with loader workers
+    says how to avoid the hang, once per loader; one process, or no workers, says nothing."""
+    import warnings
+
+    from kindling.data import workers
+
+    monkeypatch.setattr(workers, "FORK_CAN_HANG", True)
+    datamodule = DigitsDataModule(
+        data_dir="unused", num_classes=10, image_shape=[1, 8, 8], num_workers=1
+    )
+    datamodule.trainer = SimpleNamespace(world_size=world_size, accelerator=None, num_devices=1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        datamodule.loader_options(torch.utils.data.TensorDataset(torch.zeros(4)), drop_last=False)
+    said = [str(w.message) for w in caught if "python/cpython#112275" in str(w.message)]
+    assert len(said) == warned, said
+    if warned:
+        assert "data.num_workers=0" in said[0] and "3.11.10" in said[0]

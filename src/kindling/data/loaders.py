@@ -256,6 +256,10 @@ class SplitDataModule(L.LightningDataModule):
         """What every loader shares (kindling.data.streaming's too)."""
         on_cuda = self.trainer is not None and isinstance(self.trainer.accelerator, CUDAAccelerator)
         workers = self.num_workers
+        if workers > 0 and self.trainer is not None and self.trainer.world_size > 1:
+            from kindling.data.workers import warn_if_workers_can_hang
+
+            warn_if_workers_can_hang()
         return {
             "batch_size": self.batch_size_per_device,
             "num_workers": workers,

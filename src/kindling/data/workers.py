@@ -4,9 +4,17 @@ to the main process, to be ended when it exits); imported where a loader has wor
 import atexit
 import multiprocessing
 import os
+import platform
 import signal
+import sys
 
 from lightning.fabric.utilities.seed import pl_worker_init_function
+from lightning.pytorch.utilities import rank_zero_warn
+
+# CPython before 3.11.10 (and 3.12.0) can leave a forked child stuck in os.fork() when a thread
+# enters Python at that moment, as torch.distributed's gloo thread does after each collective:
+# python/cpython#112275. Seen here once in about a thousand worker starts of two-process runs.
+FORK_CAN_HANG = sys.version_info < (3, 11, 10) or sys.version_info[:3] == (3, 12, 0)
 
 
 def default_num_workers(processes_per_node: int) -> int:
@@ -17,6 +25,16 @@ def default_num_workers(processes_per_node: int) -> int:
     except AttributeError:  # macOS, Windows
         cpus = os.cpu_count() or 1
     return max(1, cpus // max(1, processes_per_node))
+
+
+def warn_if_workers_can_hang() -> None:
+    """Where loader workers are forked beside the threads of a multi-process run."""
+    if FORK_CAN_HANG:
+        rank_zero_warn(
+            f"Python {platform.python_version()} can leave a loader worker stuck as it starts "
+            "in a multi-process run (python/cpython#112275): the run then hangs. Use Python "
+            "3.11.10 or later (3.12.1 or later), or data.num_workers=0."
+        )
 
 
 def leave_stop_signals_to_the_main_process(worker_id: int, rank: int) -> None:
