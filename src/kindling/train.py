@@ -157,7 +157,7 @@ def train_and_test(cfg: DictConfig) -> float | None:
     except Exception:
         # Lightning ends the ranks it started only on Ctrl-C: one still connecting to this
         # process's store would retry for 30 minutes, the command with it.
-        if getattr(trainer.strategy.launcher, "procs", None):
+        if trainer.strategy.launcher is not None:
             trainer.strategy.launcher.kill(signal.SIGKILL)
         raise
 
