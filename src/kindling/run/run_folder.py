@@ -42,7 +42,8 @@ except ImportError:  # Windows
 
 log = logging.getLogger(__name__)
 
-LAUNCHED_BY = ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID")  # torchrun, SLURM
+IN_SLURM_JOB = ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID")
+LAUNCHED_BY = ("TORCHELASTIC_RUN_ID", *IN_SLURM_JOB)  # torchrun, SLURM
 
 
 def run_stamp() -> str:
@@ -78,7 +79,7 @@ def launched() -> bool:
 
 def claim(folder: str | Path) -> None:
     """Take a SLURM run folder for this command and rank (`slurm.claim`); elsewhere nothing."""
-    if "SLURM_JOB_ID" in os.environ or "SLURM_ARRAY_JOB_ID" in os.environ:
+    if any(name in os.environ for name in IN_SLURM_JOB):
         from kindling.run.slurm import claim
 
         claim(folder)
