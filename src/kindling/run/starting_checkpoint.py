@@ -1,6 +1,7 @@
 """The checkpoint a run starts from (`ckpt_path=`): the overrides it brings, which file `last`
 means, and whether it fits the run. Loaded only by a run given a checkpoint."""
 
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -107,6 +108,8 @@ def checked_checkpoint(cfg: DictConfig) -> str:
         )
     if cfg.get("train"):
         check_training_left(checkpoint, path, cfg.trainer)
+        if not cfg.get("resume_in_new_folder"):  # its folder's checkpoints are the run's own
+            warnings.filterwarnings("ignore", r"Checkpoint directory .* exists and is not empty")
     return str(path)
 
 
