@@ -19,7 +19,16 @@ from kindling.errors import UserError
 from kindling.run import launched, run_folder
 from kindling.train import run
 
-from helpers import CONFIG_DIR, PYTHON, QUIET, copy_run, error_lines, start_train_py, train_py
+from helpers import (
+    CONFIG_DIR,
+    PYTHON,
+    QUIET,
+    copy_run,
+    error_lines,
+    folder_contents,
+    start_train_py,
+    train_py,
+)
 
 LAUNCHER_VARIABLES = [
     "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "RANK", "WORLD_SIZE", "SLURM_JOB_ID",
@@ -290,3 +299,26 @@ def test_train_py_refuses_a_torchrun_launch_without_an_id_in_one_line(
     (line,) = (result.stdout + result.stderr).strip().splitlines()
     assert line.startswith("torchrun started this run without an id of its own")
     assert not (tmp_path / "logs").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("multirun", [False, True], ids=["run", "multirun job"])
+def test_a_new_run_in_an_earlier_runs_folder_is_refused_and_leaves_it_as_it_was(
+    trained_run, tmp_path: Path, multirun: bool
+) -> None:
+    """`hydra.run.dir=` (or `hydra.sweep.dir=`) naming an earlier run's folder: a new run there
+    would replace its checkpoints, metrics and record. One line names the resume instead."""
+    run_dir = copy_run(trained_run, tmp_path / "sweep" / "0" if multirun else tmp_path / "run")
+    # Hydra opens train.log before kindling runs; .lock names the last process that held it.
+    changed = ("train.log", ".lock")
+    before = folder_contents(run_dir, but=changed)
+    where = (
+        ["-m", f"hydra.sweep.dir={run_dir.parent}"] if multirun else [f"hydra.run.dir={run_dir}"]
+    )
+    result = train_py(*where, "trainer=cpu", *QUIET, cwd=tmp_path, timeout=120)
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output[-3000:]
+    resume = f"ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}"
+    assert f"{run_dir} holds an earlier run" in output and resume in output, output[-3000:]
+    assert "Traceback" not in output
+    assert folder_contents(run_dir, but=changed) == before

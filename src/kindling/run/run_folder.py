@@ -132,14 +132,40 @@ def run_dir(log_dir: str, task_name: str, *, _root_: Any) -> str:
     return str(_resume_folder(_root_) or run_folder(log_dir, task_name))
 
 
-_records: dict[Path, str] = {}  # this process's `.hydra/resumed_<stamp>` in each folder it resumes
+_records: dict[Path, str] = {}  # the record folder this process chose in each run folder
 
 
 def hydra_subdir(stamp: str, *, _root_: Any) -> str:
     """Where Hydra writes the config: `.hydra`, or `.hydra/resumed_<stamp>` (this process's alone)
-    when resuming in an existing folder, so the first run's config is never overwritten."""
+    when resuming in an existing folder, so the first run's config is never overwritten. A new
+    run in a folder an earlier one left (`hydra.run.dir=`) writes `.hydra/refused_<stamp>`, which
+    `refuse_used` turns into a refusal before anything else is written."""
     folder = _resume_folder(_root_)
-    return ".hydra" if folder is None else _records.setdefault(folder, f".hydra/resumed_{stamp}")
+    if folder is not None:
+        return _records.setdefault(folder, f".hydra/resumed_{stamp}")
+    from omegaconf import OmegaConf
+
+    output_dir = OmegaConf.select(_root_, "hydra.runtime.output_dir")  # None: composed, not run
+    if output_dir is None:
+        return ".hydra"
+    folder = Path(output_dir).resolve()
+    # A launch (SLURM, torchrun) names its folders itself: a requeued job takes its own back.
+    used = folder not in _records and (folder / ".hydra").is_dir() and not launched()
+    return _records.setdefault(folder, f".hydra/refused_{stamp}" if used else ".hydra")
+
+
+def refuse_used(output_dir: str | Path) -> None:
+    """Refuse a new run in a folder an earlier run left, which it would overwrite (checkpoints,
+    metrics, record); the folder is left as it was, but for this attempt's lines in train.log."""
+    if record_dir(output_dir).name.startswith("refused_"):
+        forget_refused(output_dir)
+        last = Path(output_dir) / "checkpoints" / "last.ckpt"
+        resume = f" Resume it: python train.py ckpt_path={last}." if last.is_file() else ""
+        raise UserError(
+            f"{output_dir} holds an earlier run, which a new run there would overwrite.{resume} "
+            "For a new run, leave out hydra.run.dir and hydra.sweep.dir: each run gets a folder "
+            "of its own."
+        )
 
 
 def _resume_folder(root: Any) -> Path | None:
@@ -158,8 +184,8 @@ def record_dir(output_dir: str | Path) -> Path:
     from hydra.core.hydra_config import HydraConfig
 
     subdir = HydraConfig.get().output_subdir if HydraConfig.initialized() else None
-    resumed = subdir and Path(subdir).name.startswith("resumed_")
-    return Path(output_dir) / subdir if resumed else Path(output_dir)
+    apart = subdir and Path(subdir).name.startswith(("resumed_", "refused_"))
+    return Path(output_dir) / subdir if apart else Path(output_dir)
 
 
 def forget_refused(output_dir: str | Path) -> None:
