@@ -138,8 +138,8 @@ _records: dict[Path, str] = {}  # the record folder this process chose in each r
 def hydra_subdir(stamp: str, *, _root_: Any) -> str:
     """Where Hydra writes the config: `.hydra`, or `.hydra/resumed_<stamp>` (this process's alone)
     when resuming in an existing folder, so the first run's config is never overwritten. A new
-    run in a folder an earlier one left (`hydra.run.dir=`) writes `.hydra/refused_<stamp>`, which
-    `refuse_used` turns into a refusal before anything else is written."""
+    run in a folder an earlier one trained in (`hydra.run.dir=`) writes `.hydra/refused_<stamp>`,
+    which `refuse_used` turns into a refusal before anything else is written."""
     folder = _resume_folder(_root_)
     if folder is not None:
         return _records.setdefault(folder, f".hydra/resumed_{stamp}")
@@ -149,8 +149,11 @@ def hydra_subdir(stamp: str, *, _root_: Any) -> str:
     if output_dir is None:
         return ".hydra"
     folder = Path(output_dir).resolve()
-    # A launch (SLURM, torchrun) names its folders itself: a requeued job takes its own back.
-    used = folder not in _records and (folder / ".hydra").is_dir() and not launched()
+    # What a new run would replace (an attempt refused before training left neither: the CSV
+    # logger's metrics.csv, configs/logger/csv.yaml); a launch (SLURM, torchrun) names its
+    # folders itself: a requeued job takes its own back.
+    trained = any((folder / "checkpoints").glob("*.ckpt")) or (folder / "csv/metrics.csv").exists()
+    used = folder not in _records and trained and not launched()
     return _records.setdefault(folder, f".hydra/refused_{stamp}" if used else ".hydra")
 
 
