@@ -150,10 +150,11 @@ def hydra_subdir(stamp: str, *, _root_: Any) -> str:
         return ".hydra"
     folder = Path(output_dir).resolve()
     # What a new run would replace (an attempt refused before training left neither: the CSV
-    # logger's metrics.csv, configs/logger/csv.yaml); a launch (SLURM, torchrun) names its
-    # folders itself: a requeued job takes its own back.
+    # logger's metrics.csv, configs/logger/csv.yaml). Resumed training continues the folder's
+    # files; a launch (SLURM, torchrun) names its folders itself: a requeued job takes its own.
     trained = any((folder / "checkpoints").glob("*.ckpt")) or (folder / "csv/metrics.csv").exists()
-    used = folder not in _records and trained and not launched()
+    resuming = _root_.get("ckpt_path") and _root_.get("train")
+    used = folder not in _records and trained and not resuming and not launched()
     return _records.setdefault(folder, f".hydra/refused_{stamp}" if used else ".hydra")
 
 
