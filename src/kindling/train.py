@@ -70,7 +70,7 @@ def run(cfg: DictConfig) -> float | None:
         logging.captureWarnings(True)
     previous_handler = _exit_on_sigterm()
     try:
-        run_folder.refuse_used(cfg.paths.output_dir)  # before this job's record replaces its
+        run_folder.refuse_used(cfg.paths.output_dir)  # before job.yaml replaces the earlier one
         with job_record.job_environment(), job_record.recorded_job(cfg.paths.output_dir):
             return train_and_test(cfg)
     except SIGTERMException as stop:
