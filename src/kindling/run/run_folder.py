@@ -153,8 +153,7 @@ def hydra_subdir(stamp: str, *, _root_: Any) -> str:
     # logger's metrics.csv, configs/logger/csv.yaml). Resumed training continues the folder's
     # files; a launch (SLURM, torchrun) names its folders itself: a requeued job takes its own.
     trained = any((folder / "checkpoints").glob("*.ckpt")) or (folder / "csv/metrics.csv").exists()
-    resuming = _root_.get("ckpt_path") and _root_.get("train")
-    used = folder not in _records and trained and not resuming and not launched()
+    used = folder not in _records and trained and not _resumes_training(_root_) and not launched()
     return _records.setdefault(folder, f".hydra/refused_{stamp}" if used else ".hydra")
 
 
@@ -172,10 +171,14 @@ def refuse_used(output_dir: str | Path) -> None:
         )
 
 
+def _resumes_training(root: Any) -> bool:
+    return bool(root.get("ckpt_path") and root.get("train"))
+
+
 def _resume_folder(root: Any) -> Path | None:
     """Resumed training (`ckpt_path`, `train=true`) goes on in its checkpoint's run folder unless
     `resume_in_new_folder=true`."""
-    if not (root.get("ckpt_path") and root.get("train")) or root.get("resume_in_new_folder"):
+    if not _resumes_training(root) or root.get("resume_in_new_folder"):
         return None
     from kindling.run.starting_checkpoint import resume_folder
 
