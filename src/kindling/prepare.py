@@ -58,7 +58,7 @@ def prepare(cfg: DictConfig) -> Path:
     if OmegaConf.is_missing(cfg, "output"):
         raise UserError("Give the folder to write the copy into: output=<folder>.")
     output, metadata_file = Path(cfg.output), Path(cfg.output) / streaming.METADATA_FILE
-    if streaming.is_remote(cfg.output):
+    if "://" in cfg.output:
         raise UserError(
             f"output={cfg.output}: prepare writes to a local folder; copy it to object storage "
             "afterwards (e.g. aws s3 sync <folder> s3://bucket/prefix)."

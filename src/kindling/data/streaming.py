@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import torch
 from litdata import StreamingDataLoader, StreamingDataset
 from litdata.exceptions import ChunkWaitTimeoutError
@@ -38,31 +39,29 @@ METADATA_FILE = "kindling.json"
 FORMAT = 2
 IMAGES, SEQUENCES = "images", "sequences"
 OLDER_FORMATS = {1: " (format 1 streams samples in the source's order, nearly sorted by class)"}
-S3_TIMEOUT_S = 10  # per attempt: an unreachable address fails in seconds, not after retries
 
 
-def is_remote(location: str) -> bool:
-    return "://" in location
-
-
-def read_metadata(input_dir: str, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The description of the prepared copy at `input_dir`, checked complete and readable."""
+def read_metadata(
+    input_dir: str, storage_options: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The description of the prepared copy at `input_dir` (a folder or a URL fsspec reads, with
+    `storage_options` the S3 client's arguments, as LitData takes them), checked complete."""
     location = f"{input_dir.rstrip('/')}/{METADATA_FILE}"
     again = f"python -m kindling.prepare data=<data config> output={input_dir}"
-    if input_dir.startswith("s3://"):
-        text = _read_s3(location, storage_options or {})
-    elif is_remote(input_dir):
-        raise UserError(
-            f"data.input_dir={input_dir}: kindling streams from a local folder or s3://; "
-            "copy the prepared folder to one of them."
-        )
-    elif not Path(location).is_file():
+    # s3://: short timeouts (an unreachable address fails in seconds, not after retries); a new
+    # client, with the credentials and endpoint of now.
+    timeouts = {"connect_timeout": 10, "read_timeout": 10}
+    options = {"client_kwargs": storage_options or {}, "config_kwargs": timeouts}
+    try:
+        with fsspec.open(location, skip_instance_cache=True, **options) as file:
+            text = file.read()
+    except FileNotFoundError as error:
         raise UserError(
             f"data.input_dir={input_dir} is not a prepared copy (no {METADATA_FILE}). Write "
             f"one with: {again}"
-        )
-    else:
-        text = Path(location).read_text()
+        ) from error
+    except Exception as error:  # the storage's own (s3fs: botocore's), named in one line
+        raise UserError(unreadable(location, error)) from error
     try:
         metadata = json.loads(text)
     except ValueError as error:
@@ -88,7 +87,7 @@ def check_chunks(input_dir: str) -> None:
     """Every chunk file that each split's LitData `index.json` names is there, with at least the
     bytes it records: LitData would wait for a deleted or cut-short chunk mid-epoch, then stop
     with a timeout that blames a download. A copy on object storage is checked as it is read."""
-    if is_remote(input_dir):
+    if "://" in input_dir:
         return
     for split in SPLITS:
         folder = Path(input_dir) / split
@@ -116,50 +115,21 @@ def damaged(path: Path | str, what: str, input_dir: str) -> str:
     )
 
 
-def _read_s3(url: str, storage_options: dict[str, Any]) -> str:
-    """The object at `url`, with short timeouts and messages that say what went wrong."""
-    import boto3  # LitData's S3 client; only s3:// needs it
-    import botocore.config
-    import botocore.exceptions as s3
-
-    bucket, _, key = url.removeprefix("s3://").partition("/")
-    config = botocore.config.Config(
-        connect_timeout=S3_TIMEOUT_S,
-        read_timeout=S3_TIMEOUT_S,
-        retries={"max_attempts": 2, "mode": "standard"},
-    )
+def unreadable(location: str, error: Exception) -> str:
     credentials = (
         "credentials come from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, ~/.aws/credentials "
         "(AWS_PROFILE) or the machine's role"
     )
-    try:
-        client = boto3.client("s3", config=config, **storage_options)
-        body = client.get_object(Bucket=bucket, Key=key)["Body"]
-        return body.read().decode()
-    except s3.NoCredentialsError as error:
-        raise UserError(f"No credentials for {url}: {credentials}.") from error
-    except (s3.EndpointConnectionError, s3.ConnectTimeoutError, s3.ReadTimeoutError) as error:
-        raise UserError(
-            f"{url} cannot be reached ({error}). Check the network, the address, and the "
-            "endpoint (AWS_ENDPOINT_URL or data.storage_options.endpoint_url)."
-        ) from error
-    except s3.ClientError as error:
-        code = error.response.get("Error", {}).get("Code", "")
-        if code in ("NoSuchKey", "404"):
-            raise UserError(
-                f"{url} does not exist: data.input_dir is not a prepared copy. Upload the "
-                "folder that python -m kindling.prepare wrote."
-            ) from error
-        if code in ("NoSuchBucket",):
-            raise UserError(f"{url}: there is no bucket {bucket!r}. Fix data.input_dir.") from error
-        raise UserError(
-            f"{url} refused ({code}: {error}): the credentials are not allowed to read it; "
-            f"{credentials}."
-        ) from error
-    except (s3.BotoCoreError, ValueError) as error:  # a bad endpoint URL, region, ...
-        raise UserError(
-            f"{url}: {error}. Fix data.storage_options or the AWS_* settings."
-        ) from error
+    if type(error).__name__ == "NoCredentialsError":
+        return f"No credentials for {location}: {credentials}."
+    if isinstance(error, PermissionError):
+        return f"{location} refused ({error}): these credentials may not read it; {credentials}."
+    if isinstance(error, ImportError):  # the file system's package (s3fs for s3://)
+        return f"data.input_dir: {error}"
+    return (
+        f"{location} cannot be reached ({error}). Check the network, the address, and the "
+        "endpoint (AWS_ENDPOINT_URL or data.storage_options.endpoint_url)."
+    )
 
 
 @contextmanager
