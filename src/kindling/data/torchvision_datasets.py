@@ -53,11 +53,8 @@ class TorchvisionDataModule(InMemoryImageDataModule):
 
     @staticmethod
     def _as_tensors(dataset: datasets.VisionDataset) -> Split:
-        images = torch.as_tensor(dataset.data)
-        if images.ndim == 3:  # (N, H, W) grey
-            images = images.unsqueeze(1)
-        else:  # (N, H, W, C) colour
-            images = images.permute(0, 3, 1, 2)
+        images = torch.as_tensor(dataset.data)  # (N, H, W) grey or (N, H, W, C) colour
+        images = images.unsqueeze(1) if images.ndim == 3 else images.permute(0, 3, 1, 2)
         labels = torch.as_tensor(dataset.targets, dtype=torch.long)
         return images.float().div_(255.0).contiguous(), labels
 
