@@ -10,7 +10,6 @@ random inputs; beyond `tolerance` from the checkpoint's logits it is deleted and
 fails in one line. `output` defaults to the checkpoint's path less .ckpt.
 """
 
-import copy
 import json
 import logging
 from collections.abc import Callable
@@ -48,8 +47,7 @@ Runner = Callable[[Inputs], torch.Tensor]
 
 
 def export(args: ExportArgs) -> list[Path]:
-    formats = list(FORMATS) if args.format == "both" else [args.format]
-    if not set(formats) <= set(FORMATS):
+    if args.format not in ("both", *FORMATS):
         raise UserError(f"format={args.format} is not one of both, onnx, torch_export.")
     if args.samples < 2:
         raise UserError(f"samples={args.samples}: the check needs at least 2 inputs.")
@@ -65,17 +63,17 @@ def export(args: ExportArgs) -> list[Path]:
     with torch.no_grad():
         checks = [(example, module(*example)) for example in inputs]  # and the logits
     family = type(module.net).__name__
-    traced = module
-    if facts["input"] == "sequences" and hasattr(module.net, "exportable"):
-        # A recurrent net's packed sequences trace in neither exporter: its twin computes the
-        # same logits over the padded length, which the check below compares.
-        traced = copy.deepcopy(module)
-        traced.net = traced.net.exportable()
+    if hasattr(module.net, "exportable"):
+        # A recurrent net's packed sequences trace in neither exporter: its twin (its weights
+        # shared) computes the same logits over the padded length, which the check compares.
+        module.net = module.net.exportable()
+    # Each batch's size, and a padded batch's length: `8 and 5` or `8x30 and 5x15`.
+    sizes = " and ".join("x".join(map(str, x[0].shape[: len(x)])) for x in inputs)
     written = []
-    for name in formats:
+    for name in FORMATS if args.format == "both" else [args.format]:
         path = stem.with_suffix(FORMATS[name][0])
         try:
-            run = EXPORTERS[name](traced.eval(), inputs[0], path, facts)
+            run = EXPORTERS[name](module, inputs[0], path, facts)
             with torch.no_grad():  # the file run on every batch
                 differences = [(run(x) - y).abs().max() for x, y in checks]
             difference = float(torch.stack(differences).max())  # NaN where any is
@@ -91,8 +89,6 @@ def export(args: ExportArgs) -> list[Path]:
                 f"{FORMATS[name][1]} cannot export this {family}: {reason}. Export "
                 "with the other format (format=onnx or format=torch_export) or use the checkpoint."
             ) from error
-        # Each batch's size, and a padded batch's length: `8 and 5` or `8x30 and 5x15`.
-        sizes = " and ".join("x".join(map(str, x[0].shape[: len(x)])) for x in inputs)
         log.info("%s: largest logit difference from the checkpoint %.2e (tolerance %.0e), "
                  "batches of %s.", path, difference, args.tolerance, sizes)  # fmt: skip
         if not difference <= args.tolerance:  # NaN fails too

@@ -1,7 +1,6 @@
 """A trained module rebuilt from its checkpoint alone: the stored config, checked to build only
 what kindling's configs could name, and the weights."""
 
-import re
 from pathlib import Path
 from typing import Any
 
@@ -71,8 +70,7 @@ def check_stored_config(node: Any, path: str | Path, key: str = "config") -> Non
 
 
 def _buildable_from_checkpoint(target: Any) -> bool:
-    name = isinstance(target, str) and re.fullmatch(r"[A-Za-z_][\w.]*", target)
-    if not name or not target.startswith(STORED_TARGET_PACKAGES):
+    if not isinstance(target, str) or not target.startswith(STORED_TARGET_PACKAGES):
         return False
     try:
         found = get_object(target)  # imports only within the packages above

@@ -132,11 +132,9 @@ def predict(args: PredictArgs) -> Path:
         strategy="ddp" if args.devices > 1 else "auto", callbacks=[collect],
         precision=best_precision(args.accelerator), logger=False, enable_model_summary=False,
     )  # fmt: skip
-    overrides = {"batch_size": args.batch_size}
-    if args.num_workers is not None:
-        overrides["num_workers"] = args.num_workers
+    workers = {} if args.num_workers is None else {"num_workers": args.num_workers}
     # load_module has checked the stored data config's targets.
-    datamodule = instantiate(data_cfg, _convert_="all", **overrides)
+    datamodule = instantiate(data_cfg, _convert_="all", batch_size=args.batch_size, **workers)
     datamodule.load_state_dict(state)
     datamodule.predict_input = args.input
     trainer.predict(module, datamodule=datamodule, return_predictions=False)

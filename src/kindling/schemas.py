@@ -34,23 +34,6 @@ HYDRA_KEYS = {"_target_": STRING, "_convert_": STRING, "_partial_": BOOLEAN, "_r
 SCALARS = {bool: "boolean", int: "integer", float: "number", str: "string", type(None): "null"}
 
 
-def generate(configs: Path) -> dict[str, dict]:
-    """Every schema, by the config file's path relative to `configs`, without `.yaml`."""
-    if not configs.is_dir():
-        raise UserError(f"No {configs}/: run python -m kindling.schemas in the repository's root.")
-    schemas = {}
-    with initialize_config_dir(str(configs.resolve()), version_base=None):
-        for file in sorted(configs.glob("*/**/*.yaml")):
-            name = file.relative_to(configs).with_suffix("").as_posix()
-            if name.startswith("local/"):  # a machine's own configs: none
-                continue
-            try:
-                schemas |= _file_schema(file, name)
-            except Exception as error:  # a target that does not import, a file Hydra refuses
-                raise UserError(f"configs/{name}.yaml: {' '.join(str(error).split())}") from error
-    return schemas
-
-
 def _file_schema(file: Path, name: str) -> dict[str, dict]:
     """{name: the schema of `file`}, or nothing where its node builds nothing."""
     raw = OmegaConf.to_container(OmegaConf.load(file)) or {}
@@ -207,8 +190,21 @@ def _first_sentence(text: str) -> str:
 
 def write(root: Path) -> None:
     """Writes the schemas of `root/configs` to `root/.schemas` and maps each file to its schema in
-    `root/.vscode/settings.json` (its other settings kept)."""
-    schemas = generate(root / "configs")
+    `root/.vscode/settings.json` (its other settings kept). A schema is named by its config's
+    path in `configs`, without `.yaml`."""
+    configs = root / "configs"
+    if not configs.is_dir():
+        raise UserError(f"No {configs}/: run python -m kindling.schemas in the repository's root.")
+    schemas = {}
+    with initialize_config_dir(str(configs.resolve()), version_base=None):
+        for file in sorted(configs.glob("*/**/*.yaml")):
+            name = file.relative_to(configs).with_suffix("").as_posix()
+            if name.startswith("local/"):  # a machine's own configs: none
+                continue
+            try:
+                schemas |= _file_schema(file, name)
+            except Exception as error:  # a target that does not import, a file Hydra refuses
+                raise UserError(f"configs/{name}.yaml: {' '.join(str(error).split())}") from error
     shutil.rmtree(root / ".schemas", ignore_errors=True)  # no schema outlives its config
     for name, schema in schemas.items():
         file = root / ".schemas" / f"{name}.json"
