@@ -274,9 +274,7 @@ def counted_trials(study: optuna.Study) -> int:
 
 
 def trial_summary(trial: FrozenTrial) -> dict[str, Any]:
-    attributes = {
-        k: trial.user_attrs[k] for k in (RUN_DIR, PRUNED_AT, ERROR) if k in trial.user_attrs
-    }
+    attributes = {k: v for k, v in trial.user_attrs.items() if k in (RUN_DIR, PRUNED_AT, ERROR)}
     return {
         "number": trial.number,
         "state": trial.state.name,

@@ -210,6 +210,7 @@ def plot(report: Report, path: Path) -> bool:
     metrics = [m for m in report.metrics if any(completed(jobs, m) for jobs in groups)]
     if not metrics:
         return False
+    import numpy
     from matplotlib.figure import Figure  # only when there is a plot
 
     # One override a line: a configuration of several stays narrow.
@@ -221,7 +222,7 @@ def plot(report: Report, path: Path) -> bool:
         for x, jobs in enumerate(groups):
             if values := completed(jobs, metric):
                 # Spread the points a little sideways, so equal values stay visible.
-                spread = [x + 0.2 * (i / max(1, len(values) - 1) - 0.5) for i in range(len(values))]
+                spread = numpy.linspace(x - 0.1, x + 0.1, len(values))
                 axes.plot(spread, values, "o", color="tab:blue", alpha=0.6)
                 std = statistics.stdev(values) if len(values) > 1 else 0.0
                 axes.errorbar([x + 0.25], [statistics.fmean(values)], yerr=[std], fmt="_",

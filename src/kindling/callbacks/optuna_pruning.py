@@ -57,11 +57,7 @@ class OptunaPruning(Callback):
         if prune:
             self.pruned = True
             trainer.should_stop = True
+            trainer.limit_test_batches = 0  # the run ends with its fit; the sweep moves on
             if self.trial is not None:
                 self.trial.set_user_attr("pruned_at_validation", step)
                 rank_zero_info(f"Optuna pruned this trial at validation {step}: stopping.")
-
-    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.pruned:
-            # The run ends here on every rank; the sweep moves on to the next trial.
-            trainer.limit_test_batches = 0

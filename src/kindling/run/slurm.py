@@ -20,13 +20,12 @@ def job_folder(parent: Path, name: str) -> Path:
     claimed by this rank in this start of the job."""
     for n in itertools.count():
         folder = parent / (name if n == 0 else f"{name}-{n}")
-        with suppress(OSError):
-            if os.readlink(folder / OWNER_DIR / "command") != _owner_id():
-                continue  # another command's
-            if (folder / OWNER_DIR / _claim_name()).exists():
-                continue  # an earlier run of this command in this start of the job
+        owner = folder / OWNER_DIR
+        with suppress(OSError):  # no link: a new folder
+            # Another command's, or an earlier run of this command in this start of the job.
+            if os.readlink(owner / "command") != _owner_id() or (owner / _claim_name()).exists():
+                continue
         return folder
-    raise AssertionError("unreachable")
 
 
 def claim(folder: str | Path) -> None:
