@@ -76,7 +76,11 @@ def _buildable_from_checkpoint(target: Any) -> bool:
         found = get_object(target)  # imports only within the packages above
     except Exception:
         return False
-    return isinstance(found, type) or target.startswith(STORED_FUNCTION_PACKAGES)
+    # Defined there too: a name also reaches what those modules import (`timm.models.x.os.system`).
+    defined_in = f"{getattr(found, '__module__', None)}."
+    if isinstance(found, type):
+        return defined_in.startswith(STORED_TARGET_PACKAGES)
+    return defined_in.startswith(STORED_FUNCTION_PACKAGES)
 
 
 def data_state(
