@@ -1,6 +1,5 @@
 """Samples per second and model FLOPs utilisation (MFU), on Lightning's ThroughputMonitor."""
 
-import copy
 import itertools
 from typing import Any
 
@@ -9,7 +8,7 @@ import torch
 from lightning.fabric.utilities.throughput import Throughput, measure_flops
 from lightning.pytorch.callbacks import ThroughputMonitor
 from lightning.pytorch.utilities import rank_zero_info
-from torch import nn
+from torch.func import functional_call
 
 from kindling.internals import require
 
@@ -73,18 +72,15 @@ class ThroughputWithMFU(ThroughputMonitor):
 
 
 def count_flops(pl_module: L.LightningModule, batch: Any) -> int:
-    """Forward + backward FLOPs of `pl_module` on a batch shaped like `batch`, on a copy whose
-    weights are meta tensors from the start: no weight is copied on its device."""
+    """Forward + backward FLOPs of `pl_module` on a batch shaped like `batch`, run with meta
+    tensors in place of its weights (`functional_call`): no weight is copied or computed with."""
     inputs = batch[0] if isinstance(batch, list | tuple) else batch
-    memo: dict[int, Any] = {}
-    for tensor in itertools.chain(pl_module.parameters(), pl_module.buffers()):
-        meta = torch.empty_like(tensor.detach(), device="meta")
-        if isinstance(tensor, nn.Parameter):
-            meta = nn.Parameter(meta, requires_grad=tensor.requires_grad)
-        memo[id(tensor)] = meta
-    model = copy.deepcopy(pl_module, memo)
+    weights = itertools.chain(pl_module.named_parameters(), pl_module.named_buffers())
+    meta = {name: t.detach().to("meta").requires_grad_(t.requires_grad) for name, t in weights}
     meta_inputs = torch.empty(inputs.shape, dtype=inputs.dtype, device="meta")
-    return measure_flops(model, lambda: model(meta_inputs), loss_fn=torch.Tensor.sum)
+    return measure_flops(
+        pl_module, lambda: functional_call(pl_module, meta, meta_inputs), loss_fn=torch.Tensor.sum
+    )
 
 
 def set_available_flops(monitor: ThroughputMonitor, flops: float) -> None:

@@ -28,12 +28,15 @@ def step_features(image_shape: Sequence[int] | None, num_features: int | None) -
     return num_features
 
 
-def real_steps(lengths: torch.Tensor | None, steps: torch.Tensor) -> torch.Tensor | None:
-    """`(B, T)` True at each sequence's real steps, False at padding; None without lengths."""
+def real_steps(
+    lengths: torch.Tensor | None, steps: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`steps` with padding set to 0 (whatever the batch was padded with), and a `(B, T)` mask,
+    True at each sequence's real steps; without lengths, `steps` and None."""
     if lengths is None:
-        return None
-    positions = torch.arange(steps.shape[1], device=steps.device)
-    return positions < lengths.to(steps.device)[:, None]
+        return steps, None
+    mask = torch.arange(steps.shape[1], device=steps.device) < lengths.to(steps.device)[:, None]
+    return steps * mask.unsqueeze(-1), mask
 
 
 # The most steps a default patch leaves of the longest sequence: a recurrence or attention over
@@ -106,9 +109,7 @@ class ConvStem(nn.Module):
     def forward(
         self, steps: torch.Tensor, lengths: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        mask = real_steps(lengths, steps)
-        if mask is not None:
-            steps = steps * mask.unsqueeze(-1)  # padding is 0 whatever the batch was padded with
+        steps, mask = real_steps(lengths, steps)
         # After the ReLU every real step is >= 0 and padding 0: a part-padded patch's maximum
         # is its real steps'.
         # Zero-padded to whole patches and reshaped, not max_pool1d's ceil_mode: torch.export

@@ -81,8 +81,6 @@ class TransformerLanguageModel(nn.Module):
     ):
         super().__init__()
         self.context_length = context_length
-        self.num_layers = num_layers
-        self.d_model = d_model
         self.token_embedding = nn.Embedding(vocab_size, d_model)
         self.position_embedding = nn.Embedding(context_length, d_model)
         self.dropout = nn.Dropout(dropout)
@@ -138,7 +136,7 @@ class TransformerLanguageModel(nn.Module):
         Divide by step time and the accelerator's peak FLOP/s for the model FLOPs utilisation.
         """
         tokens = batch_size * length
-        attention = 12 * self.num_layers * self.d_model * length
+        attention = 12 * len(self.blocks) * self.token_embedding.embedding_dim * length
         return tokens * (6 * self.num_parameters() + attention)
 
 

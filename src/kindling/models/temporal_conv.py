@@ -36,10 +36,7 @@ class TemporalConvClassifier(nn.Module):
         self.head = nn.Sequential(nn.Dropout(dropout), nn.Linear(widths[-1], num_classes))
 
     def forward(self, inputs: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
-        x = as_steps(inputs)
-        mask = real_steps(lengths, x)
-        if mask is not None:
-            x = x * mask.unsqueeze(-1)  # padding is 0 whatever the batch was padded with
+        x, mask = real_steps(lengths, as_steps(inputs))
         for block in self.blocks:
             x = block(x, mask)
         return self.head(masked_mean(x, mask))

@@ -65,7 +65,7 @@ class TransformerClassifier(nn.Module):
         steps = as_steps(inputs)
         if self.stem is not None:
             steps, lengths = self.stem(steps, lengths)
-        mask = real_steps(lengths, steps)
+        steps, mask = real_steps(lengths, steps)
         tokens = self.embed(steps)
         if self.cls_token is not None:
             tokens = torch.cat([self.cls_token.expand(tokens.shape[0], -1, -1), tokens], dim=1)

@@ -11,6 +11,7 @@ from torch import nn
 from torchmetrics import MeanMetric, Metric
 
 from kindling.errors import UserError
+from kindling.modules.optimization import takes_total_steps
 
 STAGES = ("train", "val", "test")
 
@@ -85,8 +86,6 @@ class BaseModule(L.LightningModule):
             group["lr"] = group["lr"] * group.get("lr_ratio", 1.0)  # before a scheduler reads it
         if self.scheduler_factory is None:
             return {"optimizer": optimizer}
-        from kindling.modules.optimization import takes_total_steps
-
         interval = self.hparams.scheduler_interval
         run_length = {}
         if takes_total_steps(self.scheduler_factory):
