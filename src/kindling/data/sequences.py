@@ -100,13 +100,12 @@ def read_sequence_table(
     features = [name for name in columns if name not in special]
     if not features:
         raise UserError(f"{where} has no feature columns, only {', '.join(special)}.")
-    for name in trained or ():
+    for name in [*trained, *features] if trained else ():  # the trained features, no others
         if name not in features:
             raise UserError(
                 f"{where} has no feature column {name!r}, which the checkpoint was trained on "
                 f"(features: {', '.join(trained)}). Add it."
             )
-    for name in features if trained else ():
         if name not in trained:
             raise UserError(
                 f"{where} has a column {name!r} that is not a feature the checkpoint was trained "
@@ -202,10 +201,9 @@ class LengthBucketSampler(ResumableDistributedSampler):
         self.batch_size = batch_size
         self.pool_batches = pool_batches
 
-    def epoch_order(self) -> list[int]:
-        generator = torch.Generator().manual_seed(self.seed + self.epoch)
-        order = torch.tensor(self.shuffled(generator))
-        order = torch.cat([order, order[: self.total_size - len(order)]])  # an even share each
+    def shuffled(self, generator: torch.Generator) -> list[int]:
+        # The epoch's draw, bucketed; `epoch_order` then pads it to an even share per process.
+        order = torch.tensor(super().shuffled(generator))
         global_batch = self.batch_size * self.num_replicas
         pools = torch.split(order, global_batch * self.pool_batches)
         by_length = torch.cat([pool[self.lengths[pool].argsort(stable=True)] for pool in pools])
@@ -324,7 +322,7 @@ class SequenceTableDataModule(SplitDataModule):
         if not len(test):
             rest, test = split_off(table.labels[train], hp.test_fraction, hp.seed, stratify=True)
             train, test = train[rest], train[test]
-        if hp.folds is not None or not len(val):
+        if not len(val):  # none given (always so with data.folds): carved from train
             rest, val = split_off(table.labels[train], hp.val_fraction, hp.seed + 1, folds=hp.folds,
                                   fold=hp.fold, stratify=True)  # fmt: skip
             train, val = train[rest], train[val]
