@@ -75,3 +75,12 @@ def test_the_data_module_buckets_its_training_batches(tmp_path: Path) -> None:
 
     assert padded_share(bucketed) < padded_share(plain) / 3
     assert sum(len(b[2]) for b in bucketed.train_dataloader()) == len(bucketed.data_train)
+
+
+def test_every_process_gets_its_share_when_the_set_is_smaller_than_the_processes() -> None:
+    # One sample on four processes: each serves it once, as DistributedSampler pads; a process
+    # that served nothing would run fewer steps than the others and leave them waiting.
+    shares = [
+        list(LengthBucketSampler(range(1), 4, rank, 7, [5], batch_size=2)) for rank in range(4)
+    ]
+    assert shares == [[0], [0], [0], [0]]
