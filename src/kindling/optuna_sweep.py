@@ -208,10 +208,10 @@ def to_distribution(override: Override) -> BaseDistribution:
             return IntDistribution(numbers[0], numbers[-1], step=int(value.step))
         return CategoricalDistribution(numbers)
     if override.is_interval_sweep():
-        log = "log" in value.tags
+        log_scale = "log" in value.tags
         if isinstance(value.start, int) and isinstance(value.end, int):
-            return IntDistribution(value.start, value.end, log=log)
-        return FloatDistribution(float(value.start), float(value.end), log=log)
+            return IntDistribution(value.start, value.end, log=log_scale)
+        return FloatDistribution(float(value.start), float(value.end), log=log_scale)
     raise CompactHydraException(f"{override.input_line}: the Optuna sweeper cannot sample it.")
 
 
