@@ -48,10 +48,13 @@ def read_metadata(
     `storage_options` the S3 client's arguments, as LitData takes them), checked complete."""
     location = f"{input_dir.rstrip('/')}/{METADATA_FILE}"
     again = f"python -m kindling.prepare data=<data config> output={input_dir}"
-    # s3://: short timeouts (an unreachable address fails in seconds, not after retries); a new
-    # client, with the credentials and endpoint of now.
-    timeouts = {"connect_timeout": 10, "read_timeout": 10}
-    options = {"client_kwargs": storage_options or {}, "config_kwargs": timeouts}
+    # s3fs's options: short timeouts (an unreachable address fails in seconds, not after
+    # retries); a new client, with the credentials and endpoint of now. Other file systems take
+    # their own keyword arguments, which these are not.
+    options = {}
+    if location.startswith("s3://"):
+        timeouts = {"connect_timeout": 10, "read_timeout": 10}
+        options = {"client_kwargs": storage_options or {}, "config_kwargs": timeouts}
     try:
         with fsspec.open(location, skip_instance_cache=True, **options) as file:
             text = file.read()
