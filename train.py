@@ -2,23 +2,22 @@
 
 import sys
 
-from kindling.garbage_collection import long_lived_imports, skip_collections_at_exit
+import hydra
+from omegaconf import DictConfig
 
-# The objects torch, Lightning and Hydra create at import live as long as the process: Python's
-# collector need not traverse them again and again (kindling/garbage_collection.py).
-with long_lived_imports():
-    import hydra
-    from omegaconf import DictConfig
-
-    from kindling.errors import UserError
-    from kindling.run.run_folder import launched
-    from kindling.train import run
+from kindling.config import resolvers  # noqa: F401 - importing registers the resolvers
+from kindling.errors import UserError
+from kindling.garbage_collection import import_long_lived, skip_collections_at_exit
+from kindling.run.run_folder import launched
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")
 def main(cfg: DictConfig) -> float | None:
+    # Imported here, when a run starts: `--help`, `--cfg` and shell completion compose the
+    # config without torch and Lightning's seconds of imports.
+    train = import_long_lived("kindling.train")
     # The returned value is what Hydra sweepers (e.g. Optuna) optimise.
-    return run(cfg)
+    return train.run(cfg)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,10 @@
 import csv
 import inspect
 import json
+import os
 import re
+import subprocess
+import sys
 import typing
 from pathlib import Path
 
@@ -22,7 +25,7 @@ from kindling.errors import UserError
 from kindling.modules.classifier import Classifier
 from kindling.train import fill_in_from_data, run
 
-from helpers import CONFIG_DIR, QUIET, options
+from helpers import CONFIG_DIR, QUIET, ROOT, options
 
 GROUPS = ["data", "data/augment", "model", "trainer", "callbacks", "logger", "experiment", "debug"]
 
@@ -321,3 +324,36 @@ def test_help_lists_every_option_of_the_groups_a_user_picks() -> None:
     named = set(re.findall(r"[a-z_]+", listed["callbacks"])) - {"one", "more", "callbacks"}
     assert named <= {p.stem for p in (CONFIG_DIR / "callbacks").glob("*.yaml")}
     assert (CONFIG_DIR / "hydra" / "launcher" / "slurm.yaml").is_file()
+
+
+# train.py as `python train.py <args>` runs it, then which libraries the process loaded.
+_LOADED_AFTER_TRAIN_PY = """
+import runpy, sys
+sys.argv = [sys.argv[1], *sys.argv[2:]]
+try:
+    runpy.run_path(sys.argv[0], run_name="__main__")
+except SystemExit:
+    pass
+print("loaded:", *sorted({"torch", "lightning"} & set(sys.modules)))
+"""
+
+
+@pytest.mark.parametrize(
+    ("args", "shows"),
+    [
+        (["--help"], "== Groups =="),
+        (["model=lstm", "--cfg", "job"], "LSTMClassifier"),
+        (["--info", "defaults"], "model/cnn"),
+        (["-sc", "query=bash"], "trainer.max_epochs="),
+    ],
+)
+def test_help_config_and_completion_answer_without_torch(args, shows) -> None:
+    """Composing a config for the user to read or complete imports neither torch nor
+    Lightning (seconds of imports before every answer, each press of TAB included)."""
+    env = {**os.environ, "COMP_LINE": "python train.py trainer.max_"}
+    result = subprocess.run(
+        [sys.executable, "-c", _LOADED_AFTER_TRAIN_PY, str(ROOT / "train.py"), *args],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert shows in result.stdout, result.stdout[-2000:] + result.stderr[-2000:]
+    assert result.stdout.rstrip().endswith("loaded:"), result.stdout[-300:]

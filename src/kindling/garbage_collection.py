@@ -4,8 +4,11 @@ again (seconds of a short run: `benchmarks/collector.py`); `gc.freeze` exempts t
 
 import atexit
 import gc
+import importlib
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from types import ModuleType
 
 
 @contextmanager
@@ -19,6 +22,14 @@ def long_lived_imports() -> Iterator[None]:
         gc.freeze()
         if enabled:
             gc.enable()
+
+
+def import_long_lived(name: str) -> ModuleType:
+    """Import module `name` inside `long_lived_imports`, the first time it is asked for."""
+    if name in sys.modules:  # a multirun's later jobs: nothing new to exempt
+        return sys.modules[name]
+    with long_lived_imports():
+        return importlib.import_module(name)
 
 
 def skip_collections_at_exit() -> None:

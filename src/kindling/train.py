@@ -41,13 +41,6 @@ from kindling.run import job_record, provenance, run_folder
 
 log = logging.getLogger(__name__)
 
-# Each run and multirun gets a folder of its own (configs/hydra/default.yaml), named once: cached,
-# like Hydra's own `now`; resumed training continues in its checkpoint's run folder.
-OmegaConf.register_new_resolver("run_stamp", run_folder.run_stamp, use_cache=True, replace=True)
-OmegaConf.register_new_resolver("sweep_dir", run_folder.sweep_folder, use_cache=True, replace=True)
-OmegaConf.register_new_resolver("run_dir", run_folder.run_dir, replace=True)
-OmegaConf.register_new_resolver("hydra_subdir", run_folder.hydra_subdir, replace=True)
-
 
 class JobError(UserError, CompactHydraException):
     """A multirun job's UserError: Hydra records the job as failed, runs the others, and at the

@@ -1,13 +1,14 @@
-"""The resolvers the configs use (`${name:...}`), registered on import (the run folders':
-`kindling.train`)."""
+"""The resolvers the configs use (`${name:...}`), registered on import. Importing this module
+loads neither torch nor Lightning: `train.py` composes a config for `--help`, `--cfg` and shell
+completion with these alone, and imports the training code only to run."""
 
 from typing import Any
 
-import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import ListConfig, OmegaConf
 
 from kindling.errors import UserError
+from kindling.run import run_folder
 
 
 def pretrained_input(key: str, default: Any, *, _root_: Any) -> Any:
@@ -45,10 +46,18 @@ def gpu_count(accelerator: Any, devices: Any) -> int | None:
 
 def job_device() -> list[int]:
     """This job's device in a parallel sweep (`trainer=gpu_per_job`): job number mod devices."""
+    import torch
+
     job_num = HydraConfig.get().job.get("num", 0) or 0 if HydraConfig.initialized() else 0
     return [job_num % max(torch.cuda.device_count(), 1)]
 
 
+# Each run and multirun gets a folder of its own (configs/hydra/default.yaml), named once: cached,
+# like Hydra's own `now`; resumed training continues in its checkpoint's run folder.
+OmegaConf.register_new_resolver("run_stamp", run_folder.run_stamp, use_cache=True, replace=True)
+OmegaConf.register_new_resolver("sweep_dir", run_folder.sweep_folder, use_cache=True, replace=True)
+OmegaConf.register_new_resolver("run_dir", run_folder.run_dir, replace=True)
+OmegaConf.register_new_resolver("hydra_subdir", run_folder.hydra_subdir, replace=True)
 # The augment group pads crops by an eighth of the image size: `${div:${data.image_shape.1},8}`.
 OmegaConf.register_new_resolver("div", lambda a, b: int(a) // int(b), replace=True)
 # hydra/launcher=slurm asks for `${device_count:${trainer.devices}}` tasks per node and
