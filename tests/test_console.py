@@ -4,6 +4,7 @@ a summary at the end; and what its train.log keeps: all of that, Lightning's lin
 import logging
 import warnings
 
+import pytest
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 import kindling.train
@@ -108,6 +109,7 @@ def test_without_the_filter_those_warnings_do_appear(compose_config, caplog, mon
         assert notice in log, notice
 
 
+@pytest.mark.slow
 def test_the_console_is_short_ends_with_a_summary_and_train_log_keeps_it(tmp_path) -> None:
     """`python train.py`: the config tree is a one-line pointer, Lightning's notices and the
     srun hint (on a machine with SLURM's commands) are gone, a summary ends the run; train.log

@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from helpers import QUIET, ROOT, importable
 
 
@@ -55,6 +57,7 @@ class Probe(Callback):
 """
 
 
+@pytest.mark.slow
 def test_train_py_freezes_its_imports_and_exits_without_collecting(tmp_path: Path) -> None:
     (tmp_path / "gc_probe.py").write_text(PROBE)
     run_train_py = (

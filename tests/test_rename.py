@@ -135,6 +135,7 @@ def copier(*args: str, cwd: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.slow
 def test_a_copier_project_takes_kindlings_later_changes_renamed(tmp_path) -> None:
     """`copier copy` starts a renamed project; `copier update` brings in what kindling changed
     since, new files and new imports renamed too, and keeps the project's own changes. The
