@@ -2,6 +2,7 @@
 command's configuration; a checkpoint that does not fit the model is refused in one line."""
 
 import csv
+import logging
 import shlex
 import shutil
 import signal
@@ -9,14 +10,26 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hydra.core.global_hydra import GlobalHydra
 from omegaconf import open_dict
 
 import kindling.train
 
-from helpers import QUIET, compose_in, folder_contents, train_py
+from helpers import (
+    QUIET,
+    compose_in,
+    error_lines,
+    folder_contents,
+    in_folder,
+    made_once,
+    train_py,
+)
 
-# Short epochs; the net's shapes differ from the default's (channels [32, 64]).
-SMALL = ["trainer=cpu", "trainer.limit_train_batches=4", "trainer.limit_val_batches=2", *QUIET]
+# Short epochs, no pictures; the net's shapes differ from the default's (channels [32, 64]).
+SMALL = [
+    "trainer=cpu", "trainer.limit_train_batches=4", "trainer.limit_val_batches=2",
+    "callbacks.plots=null", *QUIET,
+]  # fmt: skip
 # What a refused resume may write into the folder it refused.
 UNCOMPARED = ("train.log", ".lock")
 NARROW = [*SMALL, "model.net.channels=[8,16]", "test=false"]
@@ -40,11 +53,7 @@ class StopOnce(L.Callback):
 '''
 
 
-@pytest.fixture(scope="module")
-def two_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """Two runs of one epoch under `<folder>/logs/train/runs`, trained in-process: `narrow`
-    (NARROW's overrides), then `default` (SMALL's), the newer."""
-    folder = tmp_path_factory.mktemp("two_runs")
+def train_two_runs(folder: Path) -> None:
     runs = folder / "logs" / "train" / "runs"
     for name, overrides in (("narrow", NARROW), ("default", [*SMALL, "test=false"])):
         cfg = compose_in(folder, *overrides, "trainer.max_epochs=1")
@@ -52,6 +61,15 @@ def two_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
             cfg.paths.output_dir = str(runs / name)
         kindling.train.run(cfg)
         (runs / name / ".hydra").mkdir()  # what train.py leaves: a resume continues there
+    GlobalHydra.instance().clear()
+
+
+@pytest.fixture(scope="session")
+def two_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """Two runs of one epoch under `<folder>/logs/train/runs`, trained in-process once per
+    session: `narrow` (NARROW's overrides), then `default` (SMALL's), the newer."""
+    folder, _ = made_once(tmp_path_factory, "resume_alone_two_runs", train_two_runs)
+    runs = folder / "logs" / "train" / "runs"
     return runs / "narrow", runs / "default"
 
 
@@ -63,15 +81,22 @@ def copy_runs(runs: tuple[Path, Path], cwd: Path) -> tuple[Path, ...]:
 
 
 @pytest.mark.slow
-def test_an_interrupted_run_resumes_from_the_line_it_printed(tmp_path: Path) -> None:
+def test_an_interrupted_run_resumes_from_the_line_it_printed(
+    compose_config, tmp_path: Path, caplog, monkeypatch
+) -> None:
     (tmp_path / "stop_once.py").write_text(STOP_ONCE)
+    monkeypatch.syspath_prepend(tmp_path)  # this process imports it too
     stop = ["+callbacks.stop._target_=stop_once.StopOnce", f"+callbacks.stop.marker={tmp_path}/x"]
-    first = train_py(
-        *NARROW, "trainer.max_epochs=3", *stop, cwd=tmp_path, module_dir=tmp_path, timeout=300
-    )
-    output = first.stdout + first.stderr
-    assert first.returncode == 128 + signal.SIGTERM, output[-3000:]
-    (line,) = [line for line in output.splitlines() if line.startswith("Resume with: ")]
+    # The interrupted run in this process, in a run folder as `python train.py` leaves one; the
+    # command it prints is run as a user runs it.
+    first = compose_config(*NARROW, "trainer.max_epochs=3", *stop)
+    (first_dir := tmp_path / "logs" / "train" / "runs" / "first").mkdir(parents=True)
+    (first_dir / ".hydra").mkdir()
+    with caplog.at_level(logging.INFO), pytest.raises(SystemExit) as stopped:
+        kindling.train.run(in_folder(first, first_dir))
+    assert stopped.value.code == 128 + signal.SIGTERM
+    printed = {line for message in caplog.messages for line in message.splitlines()}
+    (line,) = [line for line in printed if line.startswith("Resume with: ")]
     python, script, *args = shlex.split(line.removeprefix("Resume with: "))
     assert (python, script) == ("python", "train.py")
 
@@ -90,7 +115,9 @@ def test_an_interrupted_run_resumes_from_the_line_it_printed(tmp_path: Path) -> 
 
 
 @pytest.mark.slow
-def test_ckpt_path_last_takes_the_run_of_this_commands_overrides(two_runs, tmp_path: Path):
+def test_ckpt_path_last_takes_the_run_of_this_commands_overrides(
+    two_runs, compose_config, tmp_path: Path, caplog, monkeypatch
+) -> None:
     narrow, default = copy_runs(two_runs, tmp_path)
     # The newest run is `default`; these overrides are `narrow`'s (a longer run may resume it).
     result = train_py("ckpt_path=last", *NARROW, "trainer.max_epochs=2", cwd=tmp_path)
@@ -100,18 +127,24 @@ def test_ckpt_path_last_takes_the_run_of_this_commands_overrides(two_runs, tmp_p
     assert (narrow / "checkpoints" / "epoch_001.ckpt").is_file()
     assert not (default / "checkpoints" / "epoch_001.ckpt").exists()
 
+    # Refused in this process, as `python train.py ckpt_path=last trainer=cpu` in tmp_path
+    # composes it: which run the command line resumes was the point above.
     before = folder_contents(tmp_path / "logs" / "train" / "runs", but=())
-    result = train_py("ckpt_path=last", "trainer=cpu", *QUIET, cwd=tmp_path, timeout=120)
-    output = result.stdout + result.stderr
-    assert result.returncode == 1, output[-3000:]
-    (error,) = [line for line in output.splitlines() if line.startswith("ckpt_path=last")]
+    monkeypatch.chdir(tmp_path)
+    cfg = compose_config("ckpt_path=last", "trainer=cpu", *QUIET)
+    with open_dict(cfg):
+        cfg.paths.log_dir = "logs"  # the default, relative to where train.py runs
+    with pytest.raises(SystemExit) as refused:
+        kindling.train.run(cfg)
+    assert refused.value.code == 1
+    (error,) = error_lines(caplog)  # one line, no traceback
+    assert error.startswith("ckpt_path=last")
     assert "no run under logs/train/runs has this command's overrides" in error
     assert error.index(f"{Path('logs/train/runs/narrow')} (trainer=cpu") < error.index(
         f"{Path('logs/train/runs/default')} (trainer=cpu"
     )  # newest first: narrow was resumed last
     assert "model.net.channels=[8,16]" in error
     assert "ckpt_path=<run>/checkpoints/last.ckpt" in error
-    assert "Traceback" not in output
     runs = folder_contents(tmp_path / "logs" / "train" / "runs", but=())
     assert {k: v for k, v in runs.items() if k in before} == before
 

@@ -1,17 +1,23 @@
 """A run resumed in its folder keeps its record: every epoch's metrics, its first config."""
 
 import csv
+import multiprocessing
+import os
+import random
 import signal
+import threading
 from pathlib import Path
 
 import pytest
 import torch
+from lightning.pytorch.callbacks import Callback
+from omegaconf import DictConfig
 
 from kindling.files import AtomicCheckpointIO
 from kindling.loggers.resumable_csv import ResumableCSVLogger
 from kindling.train import run
 
-from helpers import QUIET, TRAINED_RUN, copy_run, error_lines, read_csv, train_py
+from helpers import QUIET, TRAINED_RUN, copy_run, error_lines, read_csv
 
 # What a finished run's folder records: a refused resume changes none of it.
 RECORD = ["results.yaml", "csv/metrics.csv", "checkpoints/last.ckpt"]
@@ -186,27 +192,20 @@ def test_every_checkpoint_follows_the_rows_of_the_epochs_it_covers(
         assert plotted[name] == covered, name
 
 
-# Imported by the runs the test below kills (their PYTHONPATH has the test's folder).
-KILL_AT = '''
-import csv, os, random, signal, threading
-from pathlib import Path
-
-from lightning.pytorch.callbacks import Callback
-
-
 def die() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
 def header(path: Path) -> str:
-    return path.read_text().partition("\\n")[0] if path.is_file() else ""
+    return path.read_text().partition("\n")[0] if path.is_file() else ""
 
 
 class KillAt(Callback):
     """SIGKILL this run at one moment: `new_column`, at its first write to metrics.csv after
     `train/acc` entered the header; `last`, right after last.ckpt of epoch `epoch` replaced the
     previous one; `rewrite`, as it starts rewriting the metrics.csv it resumes; `random`, at a
-    random time within `seconds` of the first epoch after a checkpoint."""
+    random time within `seconds` of the first epoch after a checkpoint. Made only in the process
+    it kills: it changes csv.DictWriter for the whole process."""
 
     def __init__(self, moment: str, metrics: str, epoch: int = 0, seconds: float = 1.0):
         self.moment, self.epoch, self.seconds = moment, epoch, seconds
@@ -244,7 +243,17 @@ class KillAt(Callback):
             timer = threading.Timer(random.uniform(0, self.seconds), die)
             timer.daemon = True  # a run that ends first exits
             timer.start()
-'''
+
+
+def exit_code_in_a_fork(cfg: DictConfig) -> int:
+    """`run(cfg)` in a process forked from this one, which has imported all it needs (a new
+    `python train.py` would import torch and Lightning again: seconds each): its exit code,
+    `-signal.SIGKILL` when killed."""
+    child = multiprocessing.get_context("fork").Process(target=run, args=(cfg,))
+    child.start()
+    child.join(timeout=300)
+    return child.exitcode
+
 
 # Run by run: each run is killed at one moment, the next resumes it from last.ckpt.
 KILLS = [
@@ -256,28 +265,29 @@ KILLS = [
 
 
 @pytest.mark.slow
-def test_sigkill_at_any_moment_loses_no_row(tmp_path: Path) -> None:
+def test_sigkill_at_any_moment_loses_no_row(compose_config, tmp_path: Path) -> None:
     """Killed at the moments that lost rows and at random, and resumed from last.ckpt each
     time: every epoch's train and val rows, once, and no other."""
-    (tmp_path / "kill_at.py").write_text(KILL_AT)
     metrics = tmp_path / "run" / "csv" / "metrics.csv"
     epochs = 10  # enough that a random kill lands before the run ends
     args = ["trainer=cpu", "debug=limit", f"trainer.max_epochs={epochs}", "test=false",
-            "callbacks.plots=null", "hydra.run.dir=run",
+            "callbacks.plots=null",
             *QUIET]  # fmt: skip
     resume: list[str] = []
     for kill in KILLS:
-        killer = ["+callbacks.kill._target_=kill_at.KillAt", f"+callbacks.kill.metrics={metrics}"]
-        killed = train_py(*args, *resume, *killer, *[f"+callbacks.kill.{k}" for k in kill],
-                          cwd=tmp_path, module_dir=tmp_path)  # fmt: skip
-        output = (killed.stdout + killed.stderr)[-3000:]
-        if killed.returncode == 0 and kill == ["moment=random"]:
+        killer = [
+            f"+callbacks.kill._target_={__name__}.KillAt",
+            f"+callbacks.kill.metrics={metrics}",
+        ]
+        code = exit_code_in_a_fork(
+            compose_config(*args, *resume, *killer, *[f"+callbacks.kill.{k}" for k in kill])
+        )
+        if code == 0 and kill == ["moment=random"]:
             break  # the run finished first
-        assert killed.returncode == -signal.SIGKILL, (kill, output)
+        assert code == -signal.SIGKILL, kill
         resume = [f"ckpt_path={tmp_path / 'run' / 'checkpoints' / 'last.ckpt'}"]
     else:
-        finished = train_py(*args, *resume, cwd=tmp_path)
-        assert finished.returncode == 0, (finished.stdout + finished.stderr)[-3000:]
+        run(compose_config(*args, *resume))
 
     rows = read_csv(metrics)
     for name in ("train/loss", "train/acc", "val/loss", "val/acc"):

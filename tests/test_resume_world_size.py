@@ -3,14 +3,17 @@ epoch's position (samples consumed by all processes together) and deal the rest 
 order over the processes of the resumed run, so the interrupted epoch sees every sample once."""
 
 import csv
+import functools
 import json
 import signal
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
-from omegaconf import open_dict
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import DictConfig, open_dict
 from torch.utils.data import DistributedSampler
 
 from kindling.data.device_loader import DeviceTensorLoader
@@ -19,7 +22,7 @@ from kindling.data.sequences import LengthBucketSampler
 from kindling.errors import UserError
 from kindling.train import run
 
-from helpers import QUIET, TESTS
+from helpers import QUIET, TESTS, compose_in, made_once
 from helpers import train_py as run_train_py
 
 N, GLOBAL_BATCH, STEPS = 48, 8, 3  # 48 samples divide over 1, 2 and 4 processes of 8
@@ -139,13 +142,19 @@ def test_a_position_the_new_processes_cannot_share_is_refused() -> None:
 
 
 # The digits' training split: 1,280 images (data.val_fraction=0.1099 of 1,438), 10 steps of 128
-# an epoch on 1 process or 2. Three epochs, stopped by SIGTERM in the second.
+# an epoch on 1 process or 2.
 RUN = [
-    "trainer.max_epochs=3", "data.val_fraction=0.1099", "data.batch_size=128", "test=false",
+    "data.val_fraction=0.1099", "data.batch_size=128", "test=false",
     "trainer.limit_val_batches=1", "callbacks.plots=null",
     *QUIET,
 ]  # fmt: skip
 STOP_AT = 14
+# Both changes in one run of 5 epochs, stopped by SIGTERM mid-epoch twice: `first` on 1 process
+# in epoch 1; resumed by `second` on 2 processes, which train a whole epoch and are stopped in
+# epoch 3; resumed by `third` on 1, which trains the last epoch whole.
+EPOCHS = 5
+STOPPED_AT = {"first": STOP_AT, "second": 34}  # the step each part is stopped after
+CHANGES = {(1, 2): ("first", "second"), (2, 1): ("second", "third")}  # (stopped, resumed)
 
 
 def record(name: str) -> list[str]:
@@ -168,9 +177,9 @@ def train_py(folder: Path, devices: int, *args: str) -> int:
     return result.returncode
 
 
-def train_here(compose_config, folder: Path, *args: str) -> int:
+def train_here(compose: Callable[..., DictConfig], folder: Path, *args: str) -> int:
     """`kindling.train.run` in this process, on one CPU process: its exit code."""
-    cfg = compose_config("trainer=cpu", *RUN, *args)
+    cfg = compose("trainer=cpu", *RUN, *args)
     with open_dict(cfg):
         cfg.paths.output_dir = str(folder)
     try:
@@ -181,23 +190,27 @@ def train_here(compose_config, folder: Path, *args: str) -> int:
 
 
 def epoch_samples(folder: Path, epoch: int, launch: str = "*") -> Counter:
-    """The digests of what `launch` ("first", "resumed", "*": both) trained on in `epoch`."""
+    """The digests of what `launch` (a record's name, "*": all) trained on in `epoch`."""
     seen = Counter()
     for path in folder.glob(f"{launch}_rank*.json"):
         seen.update(json.loads(path.read_text()).get(str(epoch), []))
     return seen
 
 
-def assert_resumed_exactly(folder: Path, epochs: int = 3) -> None:
+def assert_resumed_exactly(
+    folder: Path, epochs: int = 3, stopped: str = "first", resumed: str = "resumed", epoch: int = 1
+) -> None:
+    """`stopped` began `epoch`, `resumed` trained the rest of it: no step and no sample lost or
+    repeated."""
     checkpoint = torch.load(folder / "checkpoints" / "last.ckpt", weights_only=True)
     assert checkpoint["global_step"] == 10 * epochs  # 10 steps an epoch: none lost or repeated
     whole = epoch_samples(folder, 0)  # an epoch the first launch trained from end to end
     assert sum(whole.values()) == 1280
     # The interrupted epoch: each image of the training split once, over both launches; and
-    # the epochs after it, whole on the resumed run's processes.
-    for epoch in range(1, epochs):
-        assert epoch_samples(folder, epoch) == whole, epoch
-    assert epoch_samples(folder, 1, "first") and epoch_samples(folder, 1, "resumed")
+    # the epochs after it, whole.
+    for later in range(1, epochs):
+        assert epoch_samples(folder, later) == whole, later
+    assert epoch_samples(folder, epoch, stopped) and epoch_samples(folder, epoch, resumed)
     with open(folder / "csv" / "metrics.csv") as f:
         val = {int(r["epoch"]): float(r["val/loss"]) for r in csv.DictReader(f) if r["val/loss"]}
     assert sorted(val) == list(range(epochs))
@@ -207,25 +220,59 @@ def assert_resumed_exactly(folder: Path, epochs: int = 3) -> None:
 LOADERS = {"dataloader": [], "on device": ["data.on_device=true"]}  # the two samplers
 
 
+def stopped_and_resumed_twice(folder: Path, loader: str) -> dict:
+    """The run of CHANGES on `loader` in `folder/run`: each part's exit code, and where each stop
+    left last.ckpt (its epoch and step)."""
+    run_dir = folder / "run"
+    checkpoint = run_dir / "checkpoints" / "last.ckpt"
+    compose = functools.partial(compose_in, folder)
+    common = [*LOADERS[loader], f"trainer.max_epochs={EPOCHS}"]
+    resume = f"ckpt_path={checkpoint}"
+
+    def position() -> dict[str, int]:
+        saved = torch.load(checkpoint, weights_only=True)
+        return {"epoch": saved["epoch"], "global_step": saved["global_step"]}
+
+    first = [*record("first"), *stop(STOPPED_AT["first"])]
+    codes, stopped = [train_here(compose, run_dir, *common, *first)], {"first": position()}
+    second = [*record("second"), *stop(STOPPED_AT["second"]), resume]
+    codes.append(train_py(run_dir, 2, *common, *second))
+    stopped["second"] = position()
+    codes.append(train_here(compose, run_dir, *common, *record("third"), resume))
+    GlobalHydra.instance().clear()
+    return {"codes": codes, "stopped": stopped}
+
+
+@pytest.fixture(scope="session")
+def stopped_and_resumed(tmp_path_factory) -> Callable[[str], tuple[Path, dict]]:
+    """`(loader)`: the run folder of CHANGES on that loader, made once per session, and what
+    stopped_and_resumed_twice returned."""
+
+    @functools.cache
+    def made(loader: str) -> tuple[Path, dict]:
+        make = functools.partial(stopped_and_resumed_twice, loader=loader)
+        name = f"world_size_changes_{loader.replace(' ', '_')}"
+        folder, result = made_once(tmp_path_factory, name, make)
+        return folder / "run", result
+
+    return made
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("loader", LOADERS)
 @pytest.mark.parametrize(("before", "after"), [(2, 1), (1, 2)])
 def test_a_run_stopped_mid_epoch_resumes_on_another_number_of_processes(
-    compose_config, tmp_path: Path, before: int, after: int, loader: str
+    stopped_and_resumed, before: int, after: int, loader: str
 ) -> None:
-    folder = tmp_path / "run"
-
-    def train(devices: int, *args: str) -> int:
-        if devices == 1:
-            return train_here(compose_config, folder, *LOADERS[loader], *args)
-        return train_py(folder, devices, *LOADERS[loader], *args)
-
-    assert train(before, *record("first"), *stop(STOP_AT)) == 128 + signal.SIGTERM
-    checkpoint = folder / "checkpoints" / "last.ckpt"
-    stopped = torch.load(checkpoint, weights_only=True)
-    assert stopped["epoch"] == 1 and 10 < stopped["global_step"] < 20  # mid-epoch
-    assert train(after, *record("resumed"), f"ckpt_path={checkpoint}") == 0
-    assert_resumed_exactly(folder)
+    folder, made = stopped_and_resumed(loader)
+    assert made["codes"] == [128 + signal.SIGTERM, 128 + signal.SIGTERM, 0]
+    stopped, resumed = CHANGES[before, after]
+    epoch, position = STOPPED_AT[stopped] // 10, made["stopped"][stopped]
+    assert position["epoch"] == epoch
+    assert 10 * epoch < position["global_step"] < 10 * (epoch + 1)  # mid-epoch
+    assert_resumed_exactly(folder, EPOCHS, stopped, resumed, epoch)
+    # After the interrupted epoch, a whole one on the resumed run's processes alone.
+    assert epoch_samples(folder, epoch + 1, resumed) == epoch_samples(folder, 0)
 
 
 @pytest.mark.slow
