@@ -70,7 +70,7 @@ def test_rename_leaves_no_trace_of_the_old_name(repo: Path) -> None:
     assert (
         "_target_: mynet.models.cnn.CNNClassifier" in (repo / "configs/model/cnn.yaml").read_text()
     )
-    assert "from mynet.train import run" in (repo / "train.py").read_text()
+    assert 'import_long_lived("mynet.train")' in (repo / "train.py").read_text()
 
 
 @pytest.mark.parametrize("name", ["My-Net", "2net", "class", "kindling"])
