@@ -21,6 +21,7 @@ from helpers import PYTHON, QUIET, compose_in, error_lines, pattern_rows, write_
 SHORT_RUN = [
     "trainer=cpu", "trainer.max_epochs=1", "trainer.limit_train_batches=2",
     "trainer.limit_val_batches=1", "test=false", *QUIET,
+    "callbacks.plots=null",  # a third of each run's time, and no export reads them
 ]  # fmt: skip
 
 

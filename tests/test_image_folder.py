@@ -18,7 +18,7 @@ from kindling.errors import UserError
 from kindling.predict import PredictArgs, predict
 from kindling.train import run
 
-from helpers import COLOURS, PYTHON, QUIET, ROOT, datamodule, make_folder, train_py, write_image
+from helpers import COLOURS, PYTHON, QUIET, ROOT, datamodule, make_folder, write_image
 
 
 def test_one_folder_is_split_into_train_val_test(tmp_path: Path) -> None:
@@ -311,48 +311,6 @@ def test_trains_tests_from_the_checkpoint_and_predicts_class_names(
     with open(output) as f:
         rows = list(csv.DictReader(f))
     assert rows and all(Path(r["file"]).parent.name == r["class"] for r in rows)
-
-
-SAMPLED_INDICES = """
-import json
-from pathlib import Path
-
-from lightning.pytorch.callbacks import Callback
-
-
-class SampledIndices(Callback):
-    # Writes the training-set indices this rank's sampler yields in epoch 0, and the set's size.
-    def on_train_epoch_start(self, trainer, pl_module):
-        loader = trainer.train_dataloader
-        record = {"indices": list(loader.sampler), "size": len(loader.dataset)}
-        Path(f"indices_rank{trainer.global_rank}.json").write_text(json.dumps(record))
-"""
-
-
-@pytest.mark.slow
-def test_two_processes_train_on_disjoint_shards(tmp_path: Path) -> None:
-    root = make_folder(tmp_path / "images", per_class=8)
-    (tmp_path / "sampled_indices.py").write_text(SAMPLED_INDICES)
-    result = train_py(
-        "data=image_folder", f"data.path={root}", "data.image_size=8",
-        "data.batch_size=4", "data.num_workers=1", "data/augment=trivial_augment",
-        "trainer.accelerator=cpu", "trainer.devices=2", "trainer.max_epochs=1",
-        "+callbacks.sampled._target_=sampled_indices.SampledIndices", *QUIET,
-        cwd=tmp_path, module_dir=tmp_path,
-    )  # fmt: skip
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output[-4000:]
-    assert "Starting with 2 processes" in output
-    metrics = next((tmp_path / "logs").rglob("metrics.csv")).read_text()
-    assert "train/acc" in metrics
-    # Each rank draws its own half of the epoch; together they cover the training split (a
-    # DistributedSampler repeats one index when the split is odd, to even out the halves).
-    ranks = [json.loads((tmp_path / f"indices_rank{r}.json").read_text()) for r in (0, 1)]
-    size = ranks[0]["size"]
-    first, second = (set(rank["indices"]) for rank in ranks)
-    assert len(ranks[0]["indices"]) == len(ranks[1]["indices"]) == (size + 1) // 2
-    assert first | second == set(range(size))
-    assert len(first & second) == size % 2
 
 
 @pytest.mark.slow

@@ -8,11 +8,15 @@ A table of sequences learns as well from the table (`data=sequences`) as from it
 """
 
 import csv
+import functools
+import json
 import signal
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow.parquet
@@ -30,7 +34,16 @@ from kindling.predict import PredictArgs, predict
 from kindling.prepare import prepare
 from kindling.train import run
 
-from helpers import QUIET, ROOT, importable, pattern_rows, prepare_cfg, train_py, write_table
+from helpers import (
+    QUIET,
+    ROOT,
+    importable,
+    made_once,
+    pattern_rows,
+    prepare_cfg,
+    train_py,
+    write_table,
+)
 
 # A test split of 30% (about 540 images): accuracy measured on it moves by about a point between
 # runs (a streamed epoch's order depends on which worker is first), not by five.
@@ -62,24 +75,33 @@ def only_run(logs: Path) -> Path:
     return metrics_file.parents[1]
 
 
-@pytest.fixture(scope="module")
-def digit_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The digits as grey 8x8 PNG files: `<root>/<digit>/<n>.png`, listed class by class."""
-    root = tmp_path_factory.mktemp("digits") / "images"
+def write_digit_files(folder: Path) -> None:
+    """The digits as grey 8x8 PNG files: `<folder>/images/<digit>/<n>.png`, listed class by
+    class."""
     digits = load_digits()
     pixels = (digits.images * 16).clip(0, 255).astype(np.uint8)
     for n, (image, label) in enumerate(zip(pixels, digits.target, strict=True)):
-        folder = root / str(label)
-        folder.mkdir(parents=True, exist_ok=True)
-        Image.fromarray(image).save(folder / f"{n:04d}.png")
-    return root
+        class_folder = folder / "images" / str(label)
+        class_folder.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(image).save(class_folder / f"{n:04d}.png")
 
 
-@pytest.fixture(scope="module")
-def digit_copy(digit_files: Path) -> Path:
+@pytest.fixture(scope="session")
+def digit_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The digits as PNG files, written once per session (read only: tests copy or prepare)."""
+    folder, _ = made_once(tmp_path_factory, "digit_files", write_digit_files)
+    return folder / "images"
+
+
+@pytest.fixture(scope="session")
+def digit_copy(tmp_path_factory: pytest.TempPathFactory, digit_files: Path) -> Path:
     """The folder's prepared copy for `data=streaming`."""
-    output = digit_files.parent / "prepared"
-    return prepare(prepare_cfg(*FOLDER, f"data.path={digit_files}", f"output={output}"))
+
+    def make(folder: Path) -> None:
+        prepare(prepare_cfg(*FOLDER, f"data.path={digit_files}", f"output={folder / 'copy'}"))
+
+    folder, _ = made_once(tmp_path_factory, "digit_copy", make)
+    return folder / "copy"
 
 
 DATA_PATHS = {
@@ -99,17 +121,83 @@ def test_each_data_path_learns_the_digits(
     assert_learned(metrics(tmp_path / "run"))
 
 
+SAMPLED_INDICES = """
+import json
+from pathlib import Path
+
+from lightning.pytorch.callbacks import Callback
+
+
+class SampledIndices(Callback):
+    # Writes the training-set indices this rank's sampler yields in epoch 0, and the set's size.
+    def on_train_epoch_start(self, trainer, pl_module):
+        if trainer.current_epoch == 0:
+            loader = trainer.train_dataloader
+            record = {"indices": list(loader.sampler), "size": len(loader.dataset)}
+            Path(f"indices_rank{trainer.global_rank}.json").write_text(json.dumps(record))
+"""
+# The image folder's two-process run also decodes in a worker per process and records the
+# indices each process's sampler draws (test_two_processes_train_on_disjoint_shards).
+TWO_PROCESS_EXTRAS = {
+    "in memory": ["data.num_workers=0"],
+    "image folder": [
+        "data.num_workers=1", "+callbacks.sampled._target_=sampled_indices.SampledIndices"
+    ],
+    "streamed copy": ["data.num_workers=0"],
+}  # fmt: skip
+
+
+class ProcessRun(NamedTuple):
+    run_dir: Path  # the run folder
+    cwd: Path  # where `python train.py` ran
+    output: str  # its stdout and stderr
+
+
+@pytest.fixture(scope="session")
+def on_two_processes(
+    tmp_path_factory: pytest.TempPathFactory, digit_files: Path, digit_copy: Path
+) -> Callable[[str], ProcessRun]:
+    """`on_two_processes(path)`: `python train.py` on two processes (CPU) on a data path,
+    trained and tested once per session, for the tests that read it."""
+
+    def train(path: str, folder: Path) -> str:
+        (folder / "sampled_indices.py").write_text(SAMPLED_INDICES)
+        result = train_py(
+            *DATA_PATHS[path](digit_files, digit_copy), "trainer.accelerator=cpu",
+            "trainer.devices=2", *TWO_PROCESS_EXTRAS[path], *SETTINGS,
+            cwd=folder, module_dir=folder,
+        )  # fmt: skip
+        assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+        return result.stdout + result.stderr
+
+    @functools.cache  # without pytest-xdist, made_once makes anew at each call
+    def made(path: str) -> ProcessRun:
+        name = "digits_on_two_processes_" + path.replace(" ", "_")
+        folder, output = made_once(tmp_path_factory, name, lambda f: train(path, f))
+        return ProcessRun(only_run(folder / "logs"), folder, output)
+
+    return made
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("path", DATA_PATHS)
-def test_each_data_path_learns_the_digits_on_two_processes(
-    path: str, digit_files: Path, digit_copy: Path, tmp_path: Path
-) -> None:
-    result = train_py(
-        *DATA_PATHS[path](digit_files, digit_copy), "trainer.accelerator=cpu", "trainer.devices=2",
-        "data.num_workers=0", *SETTINGS, cwd=tmp_path,
-    )  # fmt: skip
-    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
-    assert_learned(metrics(only_run(tmp_path / "logs")))
+def test_each_data_path_learns_the_digits_on_two_processes(path: str, on_two_processes) -> None:
+    assert_learned(metrics(on_two_processes(path).run_dir))
+
+
+@pytest.mark.slow
+def test_two_processes_train_on_disjoint_shards(on_two_processes) -> None:
+    trained = on_two_processes("image folder")
+    assert "Starting with 2 processes" in trained.output
+    assert "train/acc" in (trained.run_dir / "csv" / "metrics.csv").read_text()
+    # Each rank draws its own half of the epoch; together they cover the training split (a
+    # DistributedSampler repeats one index when the split is odd, to even out the halves).
+    ranks = [json.loads((trained.cwd / f"indices_rank{r}.json").read_text()) for r in (0, 1)]
+    size = ranks[0]["size"]
+    first, second = (set(rank["indices"]) for rank in ranks)
+    assert len(ranks[0]["indices"]) == len(ranks[1]["indices"]) == (size + 1) // 2
+    assert first | second == set(range(size))
+    assert len(first & second) == size % 2
 
 
 @pytest.mark.parametrize("chunk_bytes", ["64MB", "4kB"])  # one chunk; 25 chunks
@@ -155,19 +243,25 @@ def plain_loop(checkpoint: Path) -> dict[str, float]:
 
 
 @pytest.mark.slow
-def test_the_test_loss_is_the_same_on_one_and_two_processes(trained_run, tmp_path: Path) -> None:
+def test_the_test_loss_is_the_same_on_one_and_two_processes(
+    on_two_processes, compose_config, digit_files: Path, digit_copy: Path, tmp_path: Path
+) -> None:
     """The loss is a mean over samples: how the split is cut into batches and processes does
     not change it (a mean of batch means would), and it is what a plain loop computes."""
-    one = metrics(trained_run.run_dir)  # the run tested the weights it ended with: last.ckpt's
-    plain = plain_loop(trained_run.last_checkpoint)
+    trained = on_two_processes("in memory").run_dir
+    # Tested on 2 processes in batches of 32 (539 samples: 270 and 269), with the weights the
+    # run ended with: last.ckpt's.
+    two = metrics(trained)
+    checkpoint = trained / "checkpoints" / "last.ckpt"
+    plain = plain_loop(checkpoint)
+    cfg = compose_config(
+        *DATA_PATHS["in memory"](digit_files, digit_copy), "trainer=cpu", "train=false",
+        f"ckpt_path={checkpoint}", "data.batch_size=48", *QUIET,
+    )  # fmt: skip
+    run(cfg)
+    one = metrics(tmp_path / "run")
     assert one["test/acc"] == pytest.approx(plain["test/acc"], abs=1e-6)
     assert one["test/loss"] == pytest.approx(plain["test/loss"], abs=1e-5)
-    result = train_py(
-        "train=false", f"ckpt_path={trained_run.last_checkpoint}", "trainer.accelerator=cpu",
-        "trainer.devices=2", "data.batch_size=48", *QUIET, cwd=tmp_path,
-    )  # fmt: skip
-    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
-    two = metrics(only_run(tmp_path / "logs"))
     assert two["test/acc"] == pytest.approx(one["test/acc"], abs=1e-6)
     assert two["test/loss"] == pytest.approx(one["test/loss"], abs=1e-5)
 
@@ -190,25 +284,28 @@ class KillAfterCheckpoint(Callback):
 
 
 @pytest.mark.slow
-def test_a_run_killed_twice_and_resumed_keeps_every_epochs_metrics(tmp_path: Path) -> None:
+def test_a_run_killed_twice_and_resumed_keeps_every_epochs_metrics(
+    compose_config, tmp_path: Path
+) -> None:
     """SIGKILL in the middle of an epoch, twice, then resume: every epoch's metrics are in the
     CSV file and in the TensorBoard events, once each. (Lightning's Trainer saves each logger
     after every call that logs; a logger that buffered would lose rows its checkpoint covers.)"""
     (tmp_path / "kill_after_checkpoint.py").write_text(KILL_AFTER_CHECKPOINT)
     # debug=limit: epochs of 5 steps, killed at the 4th.
-    args = ["trainer=cpu", "debug=limit", "trainer.max_epochs=6",
-            "logger=[csv,tensorboard]", "hydra.run.dir=run", *QUIET]  # fmt: skip
+    args = ["trainer=cpu", "debug=limit", "trainer.max_epochs=6", "logger=[csv,tensorboard]",
+            *QUIET]  # fmt: skip
     resume_from_last = [f"ckpt_path={tmp_path / 'run' / 'checkpoints' / 'last.ckpt'}"]
     for epoch, resume in ((2, []), (4, resume_from_last)):
         killer = ["+callbacks.kill._target_=kill_after_checkpoint.KillAfterCheckpoint",
                   f"+callbacks.kill.epoch={epoch}"]  # fmt: skip
         killed = subprocess.run(
-            [sys.executable, str(ROOT / "train.py"), *args, *resume, *killer],
+            [sys.executable, str(ROOT / "train.py"), *args, "hydra.run.dir=run", *resume, *killer],
             cwd=tmp_path, env=importable(tmp_path), capture_output=True, text=True, timeout=600,
         )  # fmt: skip
         assert killed.returncode == -signal.SIGKILL, (killed.stdout + killed.stderr)[-3000:]
-    finished = train_py(*args, *resume_from_last, cwd=tmp_path)
-    assert finished.returncode == 0, (finished.stdout + finished.stderr)[-3000:]
+    # The last resume runs in this process (in tmp_path/run): only the kills need processes.
+    finished = run(compose_config(*args, *resume_from_last))
+    assert finished is not None
     with open(tmp_path / "run" / "csv" / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
     assert [int(r["epoch"]) for r in rows if r["val/loss"]] == list(range(6))

@@ -1,6 +1,7 @@
 """README.md's `python train.py` commands run as written, on a CPU without network: each with
-`debug=limit trainer.max_epochs=1` added, so that it trains a few batches. Left out: those that
-need a GPU or download a data set (`trainer=gpu`, `data=mnist`, `cifar10`, `fashion_mnist`)."""
+`debug=limit`, one epoch and one batch of each split added, so that it trains a step. Left out:
+those that need a GPU or download a data set (`trainer=gpu`, `data=mnist`, `cifar10`,
+`fashion_mnist`)."""
 
 import re
 import shlex
@@ -11,6 +12,11 @@ import pytest
 from helpers import ROOT, train_py
 
 NEEDS_MORE = re.compile(r"trainer=gpu|data=(mnist|cifar10|fashion_mnist)\b")
+# Every stage still runs (sanity check, fit, validation, test), on a single batch.
+ONE_BATCH = [
+    "trainer.max_epochs=1", "trainer.limit_train_batches=1", "trainer.limit_val_batches=1",
+    "trainer.limit_test_batches=1", "callbacks.rich_progress_bar=null",
+]  # fmt: skip
 
 
 def readme_commands() -> list[str]:
@@ -33,6 +39,6 @@ def test_a_readme_command_runs_as_written(command: str, tmp_path: Path) -> None:
     assert (python, script) == ("python", "train.py")
     if "--help" not in args:
         short = [] if any(a.startswith("debug=") for a in args) else ["debug=limit"]
-        args += [*short, "trainer.max_epochs=1", "callbacks.rich_progress_bar=null"]
+        args += [*short, *ONE_BATCH]
     result = train_py(*args, cwd=tmp_path)
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]

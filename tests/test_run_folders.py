@@ -208,7 +208,11 @@ def test_the_composed_config_names_run_and_sweep_folders(tmp_path: Path, monkeyp
     assert cfg.hydra.launcher._target_.endswith("SlurmLauncher")
 
 
-TINY = ["data=digits", "trainer=cpu", "debug=limit", "trainer.max_epochs=1", *QUIET]
+# A run of one training and one validation batch, untested: enough to fill its folder.
+TINY = [
+    "data=digits", "trainer=cpu", "debug=limit", "trainer.max_epochs=1",
+    "trainer.limit_train_batches=1", "trainer.limit_val_batches=1", "test=false", *QUIET,
+]  # fmt: skip
 
 
 @pytest.mark.slow

