@@ -2,8 +2,12 @@
 helpers from here (`from helpers import QUIET, train_py`), never from another test module, so
 that deleting one feature's tests leaves the others running.
 
-Running train.py: `train_py(*args, cwd=...)` runs `python train.py` as a user does, for what is
-about the process itself (exit codes, signals, console output, several processes), and
+Running train.py: `train_py_here(*args, cwd=...)` runs train.py's `__main__` with a command line
+in this process (seconds of imports fewer), for what is about the command and its run;
+`module_here(module, *args, cwd=...)` the same for `python -m <module>`. `train_py(*args,
+cwd=...)` runs `python train.py` as a user does, for what is about the process itself (exit
+codes, signals, what happens at exit, output written outside logging's handlers, several
+processes), and
 `start_train_py(*args, cwd=...)` starts it (to signal it, or to run several at once); with
 `module_dir=` a config can name a class the test wrote there (`TESTS` holds the callbacks of
 record_samples.py), `ctrl_c=True` gives it Ctrl-C as in a terminal. `PYTHON` is the interpreter
@@ -30,15 +34,19 @@ one; `TINY_CORPUS` and `tiny_experiment` train a language model in seconds.
 `ON_GPU` marks a test, or a parameter, `gpu` and skips it without CUDA.
 """
 
+import contextlib
 import csv
+import io
 import json
 import logging
 import os
+import runpy
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,6 +121,69 @@ def start_train_py(
         cwd=cwd, env=importable(module_dir), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True, preexec_fn=_default_sigint if ctrl_c else None,
     )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class CompletedRun:
+    """What `train_py_here` and `module_here` return: a CompletedProcess's fields."""
+
+    args: list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def train_py_here(*args: str, cwd: Path, module_dir: Path | None = None) -> CompletedRun:
+    """`python train.py <args>` run as `__main__` in this process, which has imported what it
+    needs: for what is about the run and its command line, not the process (several ranks,
+    signals, a fresh interpreter's imports). Its output is what it printed and logged; an
+    exception that escapes is printed as Python prints it, with exit status 1."""
+    return main_here(lambda: runpy.run_path(str(ROOT / "train.py"), run_name="__main__"),
+                     [str(ROOT / "train.py"), *args], cwd, module_dir)  # fmt: skip
+
+
+def module_here(module: str, *args: str, cwd: Path) -> CompletedRun:
+    """`python -m <module> <args>` as `train_py_here` runs train.py."""
+    return main_here(lambda: runpy.run_module(module, run_name="__main__", alter_sys=True),
+                     [module, *args], cwd, None)  # fmt: skip
+
+
+def main_here(
+    main: Callable[[], object], argv: list[str], cwd: Path, module_dir: Path | None
+) -> CompletedRun:
+    """Run `main` with `argv` in `cwd`, then undo what it leaves in this process: Hydra's
+    handlers on the root logger (the console's, train.log's) and its level, the global Hydra,
+    the working folder, sys.argv and sys.path."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    saved_argv, saved_path, saved_cwd = sys.argv[:], sys.path[:], os.getcwd()
+    stdout, stderr = io.StringIO(), io.StringIO()
+    code: int | str | None = 0
+    try:
+        sys.argv[:] = argv
+        if module_dir is not None:
+            sys.path.insert(0, str(module_dir))
+        os.chdir(cwd)
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            try:
+                main()
+            except SystemExit as exit:
+                code = exit.code
+            except BaseException:  # uncaught in `python train.py`: Python prints it, exits 1
+                traceback.print_exc()
+                code = 1
+            if isinstance(code, str):  # sys.exit("message"): printed, exit status 1
+                print(code, file=sys.stderr)
+                code = 1
+    finally:
+        for handler in root.handlers:
+            if handler not in handlers:
+                handler.close()
+        root.handlers[:], root.level = handlers, level
+        GlobalHydra.instance().clear()
+        os.chdir(saved_cwd)
+        sys.argv[:], sys.path[:] = saved_argv, saved_path
+    return CompletedRun(argv[1:], code or 0, stdout.getvalue(), stderr.getvalue())
 
 
 def _default_sigint() -> None:

@@ -3,7 +3,7 @@
 import csv
 import io
 import re
-import subprocess
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -14,7 +14,7 @@ from kindling.device_report import print_device_report
 from kindling.hardware import GIB, collect_device_info
 from kindling.train import run
 
-from helpers import PYTHON, QUIET
+from helpers import QUIET, module_here
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -106,10 +106,8 @@ def test_recommendation_follows_the_hardware(two_fake_gpus, monkeypatch) -> None
 
 
 @pytest.mark.slow
-def test_command_prints_the_report() -> None:
-    result = subprocess.run(
-        [*PYTHON, "-m", "kindling.device_report"], capture_output=True, text=True
-    )
+def test_command_prints_the_report(tmp_path: Path) -> None:
+    result = module_here("kindling.device_report", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "CUDA available" in result.stdout and "python train.py trainer=" in result.stdout
 

@@ -1,18 +1,12 @@
 """Every config mistake ends in one line naming its key and value, whenever the object is built;
 a bug in the project's own code keeps its traceback."""
 
-import contextlib
 import importlib
-import logging
-import runpy
-import sys
 import traceback
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-from hydra.core.global_hydra import GlobalHydra
 from lightning.pytorch.loggers import wandb as wandb_logger
 from lightning.pytorch.utilities import rank_zero_only
 from lightning_utilities.core.imports import RequirementCache
@@ -24,7 +18,7 @@ from kindling.data.text import Vocabulary
 from kindling.errors import UserError
 from kindling.train import run
 
-from helpers import QUIET, ROOT, error_lines, prepare_cfg, train_py
+from helpers import QUIET, error_lines, prepare_cfg, train_py, train_py_here
 
 # fast_dev_run without debug=fdr, which turns off the logger and early stopping.
 FAST = ["trainer=cpu", "++trainer.fast_dev_run=true", *QUIET]
@@ -247,34 +241,13 @@ def test_two_processes_show_one_message_and_both_exit(tmp_path: Path) -> None:
     assert "Traceback" not in output
 
 
-@contextlib.contextmanager
-def hydra_main_undone() -> Iterator[None]:
-    """Undo what Hydra's main leaves in this process: its handlers on the root logger (the
-    console's, train.log's), the root's level, the global Hydra."""
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    try:
-        yield
-    finally:
-        for handler in root.handlers:
-            if handler not in handlers:
-                handler.close()
-        root.handlers[:], root.level = handlers, level
-        GlobalHydra.instance().clear()
-
-
 @pytest.mark.slow
 def test_full_error_shows_the_whole_traceback(tmp_path: Path, monkeypatch) -> None:
-    """`python train.py` in this process: Hydra's main reads the command line and, with
-    HYDRA_FULL_ERROR=1, lets the error out, which Python prints whole and exits 1 with."""
+    """With HYDRA_FULL_ERROR=1, Hydra's main lets the error out: Python prints it whole."""
     monkeypatch.setenv("HYDRA_FULL_ERROR", "1")
-    monkeypatch.chdir(tmp_path)
-    argv = ["model=lstm", "model.net.num_layers=0", *FAST]
-    monkeypatch.setattr(sys, "argv", [str(ROOT / "train.py"), *argv])
-    with hydra_main_undone(), pytest.raises(BaseException) as raised:
-        runpy.run_path(str(ROOT / "train.py"), run_name="__main__")
-    output = "".join(traceback.format_exception(raised.value))
-    assert not isinstance(raised.value, SystemExit)  # uncaught: Python's exit status is 1
+    result = train_py_here("model=lstm", "model.net.num_layers=0", *FAST, cwd=tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode == 1
     assert "Traceback" in output
     assert 'raise ValueError("num_layers must be greater than zero")' in output
     assert "model.net (kindling.models.recurrent.LSTMClassifier) refused its values" in output

@@ -3,7 +3,6 @@
 import csv
 import json
 import logging
-import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -18,7 +17,14 @@ from kindling.errors import UserError
 from kindling.predict import PredictArgs, predict
 from kindling.train import run
 
-from helpers import COLOURS, PYTHON, QUIET, ROOT, datamodule, make_folder, write_image
+from helpers import (
+    COLOURS,
+    QUIET,
+    datamodule,
+    make_folder,
+    train_py_here,
+    write_image,
+)
 
 
 def test_one_folder_is_split_into_train_val_test(tmp_path: Path) -> None:
@@ -316,11 +322,10 @@ def test_trains_tests_from_the_checkpoint_and_predicts_class_names(
 @pytest.mark.slow
 def test_a_multirun_trains_with_and_without_augmentation(tmp_path: Path) -> None:
     root = make_folder(tmp_path / "images", per_class=4)
-    result = subprocess.run(
-        [*PYTHON, str(ROOT / "train.py"), "-m", "data=image_folder", f"data.path={root}",
-         "data.image_size=8", "data.batch_size=4", "data.num_workers=1",
-         "data/augment=none,flip_crop", "trainer=cpu", "trainer.max_epochs=1", *QUIET],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+    result = train_py_here(
+        "-m", "data=image_folder", f"data.path={root}", "data.image_size=8", "data.batch_size=4",
+        "data.num_workers=1", "data/augment=none,flip_crop", "trainer=cpu",
+        "trainer.max_epochs=1", *QUIET, cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     runs = sorted((tmp_path / "logs").rglob("metrics.csv"))

@@ -32,7 +32,7 @@ from helpers import (
     last_value,
     read_metrics,
     start_train_py,
-    train_py,
+    train_py_here,
 )
 
 REPRODUCIBLE = [
@@ -266,7 +266,7 @@ def test_bad_input_gives_a_short_clear_error(compose_config, caplog, tmp_path, c
 def test_bad_input_on_the_command_line_is_one_line_without_traceback(tmp_path: Path) -> None:
     """The whole path once, through Hydra's own composition error."""
     args, message = BAD_INPUT["unknown model"]
-    result = train_py(*args, "hydra.run.dir=run", cwd=tmp_path, timeout=120)
+    result = train_py_here(*args, "hydra.run.dir=run", cwd=tmp_path)
     output = result.stdout + result.stderr
     assert result.returncode == 1
     assert message in output, output[-2000:]
@@ -395,7 +395,7 @@ def test_a_refused_resume_leaves_the_run_folder_as_it_was(trained_run, tmp_path:
     # .lock names the last process that held the folder, the refused one.
     changed = ("train.log", ".lock")
     before = folder_contents(run_dir, but=changed)
-    result = train_py("trainer=cpu", "ckpt_path=last", *QUIET, cwd=tmp_path, timeout=120)
+    result = train_py_here("trainer=cpu", "ckpt_path=last", *QUIET, cwd=tmp_path)
     output = result.stdout + result.stderr
     assert result.returncode == 1
     assert "last.ckpt is empty (0 bytes)" in output, output[-2000:]

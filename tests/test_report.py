@@ -116,7 +116,8 @@ def test_a_multirun_extended_by_another_is_reported_with_it(tmp_path: Path) -> N
 
 @pytest.mark.slow
 def test_a_multirun_over_folds_reports_at_its_end_and_the_report_rebuilds(tmp_path: Path) -> None:
-    # Two folds, two seeds: seed=x fails in both folds; the others aggregate into one row.
+    # Two folds, two seeds: seed=x fails in both folds; the others aggregate into one row. A
+    # process of its own: a multirun whose jobs failed reports when the process exits.
     result = train_py(
         "-m", "data.folds=2", "data.fold=0,1", "seed=0,x", "trainer=cpu", "debug=limit",
         "trainer.max_epochs=1", "logger=none", "callbacks=none", cwd=tmp_path,

@@ -22,7 +22,7 @@ from helpers import (
     folder_contents,
     in_folder,
     made_once,
-    train_py,
+    train_py_here,
 )
 
 # Short epochs, no pictures; the net's shapes differ from the default's (channels [32, 64]).
@@ -100,7 +100,7 @@ def test_an_interrupted_run_resumes_from_the_line_it_printed(
     python, script, *args = shlex.split(line.removeprefix("Resume with: "))
     assert (python, script) == ("python", "train.py")
 
-    resumed = train_py(*args, cwd=tmp_path, module_dir=tmp_path, timeout=300)
+    resumed = train_py_here(*args, cwd=tmp_path, module_dir=tmp_path)
     output = resumed.stdout + resumed.stderr
     assert resumed.returncode == 0, output[-3000:]
     assert "Restored all states" in output
@@ -120,7 +120,7 @@ def test_ckpt_path_last_takes_the_run_of_this_commands_overrides(
 ) -> None:
     narrow, default = copy_runs(two_runs, tmp_path)
     # The newest run is `default`; these overrides are `narrow`'s (a longer run may resume it).
-    result = train_py("ckpt_path=last", *NARROW, "trainer.max_epochs=2", cwd=tmp_path)
+    result = train_py_here("ckpt_path=last", *NARROW, "trainer.max_epochs=2", cwd=tmp_path)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-3000:]
     assert f"Run folder: {narrow}" in output
@@ -156,9 +156,9 @@ def test_a_checkpoint_that_does_not_fit_the_model_is_refused_in_one_line(
     narrow, _ = copy_runs(two_runs, tmp_path)
     before = folder_contents(narrow, but=UNCOMPARED)
     checkpoint = narrow / "checkpoints" / "last.ckpt"
-    result = train_py(
+    result = train_py_here(
         f"ckpt_path={checkpoint}", "model.net.channels=[16,32]", "trainer.max_epochs=2",
-        cwd=tmp_path, timeout=120,
+        cwd=tmp_path,
     )  # fmt: skip
     output = result.stdout + result.stderr
     assert result.returncode == 1, output[-3000:]

@@ -28,6 +28,7 @@ from helpers import (
     folder_contents,
     start_train_py,
     train_py,
+    train_py_here,
 )
 
 LAUNCHER_VARIABLES = [
@@ -319,7 +320,7 @@ def test_a_new_run_in_an_earlier_runs_folder_is_refused_and_leaves_it_as_it_was(
     where = (
         ["-m", f"hydra.sweep.dir={run_dir.parent}"] if multirun else [f"hydra.run.dir={run_dir}"]
     )
-    result = train_py(*where, "trainer=cpu", *QUIET, cwd=tmp_path, timeout=120)
+    result = train_py_here(*where, "trainer=cpu", *QUIET, cwd=tmp_path)
     output = result.stdout + result.stderr
     assert result.returncode == 1, output[-3000:]
     resume = f"ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}"

@@ -76,14 +76,15 @@ def padded(sequences: list[tuple[np.ndarray, int]]) -> tuple[torch.Tensor, ...]:
 
 @pytest.mark.slow
 def test_a_conv_stem_learns_long_sequences_that_a_recurrent_net_does_not() -> None:
-    """Shapes in 200-300 steps: the GRU that reads them in patches of 5 steps (its default
-    here) learns them in 60 optimizer steps; read step by step, the same net does not."""
-    train, test = padded(shapes(200, (200, 300), seed=0)), padded(shapes(200, (200, 300), seed=1))
+    """Shapes in 150-225 steps: the GRU that reads them in patches of 5 steps (its default
+    here) learns them in 60 optimizer steps (0.96); read step by step, the same net does not
+    (0.31; at 100-150 steps it reaches 0.75)."""
+    train, test = padded(shapes(200, (150, 225), seed=0)), padded(shapes(100, (150, 225), seed=1))
     accuracies = {}
     for patch in (None, 1):
         torch.manual_seed(0)
         net = GRUClassifier(
-            None, 4, hidden_size=32, num_features=1, longest_sequence=300, patch_length=patch,
+            None, 4, hidden_size=32, num_features=1, longest_sequence=225, patch_length=patch,
             bidirectional=True,
         )  # fmt: skip
         assert (net.stem is None) == (patch == 1)

@@ -11,7 +11,7 @@ from kindling.callbacks.divergence import DivergenceError
 from kindling.errors import UserError
 from kindling.train import run, train_and_test
 
-from helpers import QUIET, compose_in, last_value, options, read_metrics, train_py
+from helpers import QUIET, compose_in, last_value, options, read_metrics, train_py_here
 
 
 @pytest.mark.parametrize("model", options("model"))
@@ -103,7 +103,7 @@ def test_diverging_loss_stops_the_run_naming_the_step(compose_config) -> None:
 
 @pytest.mark.slow
 def test_train_py_default_run_leaves_one_run_folder(tmp_path: Path) -> None:
-    result = train_py("trainer.max_epochs=1", *QUIET, cwd=tmp_path)
+    result = train_py_here("trainer.max_epochs=1", *QUIET, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     (run_dir,) = (tmp_path / "logs" / "train" / "runs").iterdir()
     assert (run_dir / ".hydra" / "config.yaml").is_file()
@@ -116,7 +116,7 @@ def test_train_py_default_run_leaves_one_run_folder(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_train_py_multirun_one_folder_per_model(tmp_path: Path) -> None:
     models = ["-m", "model=cnn,rnn,lstm,transformer", "debug=fdr", "callbacks.plots=null"]
-    result = train_py(*models, *QUIET, cwd=tmp_path)
+    result = train_py_here(*models, *QUIET, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     (sweep_dir,) = (tmp_path / "logs" / "debug" / "multiruns").iterdir()
     jobs = sorted(p.name for p in sweep_dir.iterdir() if p.is_dir() and p.name.isdigit())
