@@ -357,3 +357,20 @@ def test_help_config_and_completion_answer_without_torch(args, shows) -> None:
     )  # fmt: skip
     assert shows in result.stdout, result.stdout[-2000:] + result.stderr[-2000:]
     assert result.stdout.rstrip().endswith("loaded:"), result.stdout[-300:]
+
+
+def test_a_multiruns_launching_process_imports_no_torch() -> None:
+    """What the process that launches a multirun loads (its callback and report, the sweeper and
+    launcher plugins) imports neither torch nor Lightning: submitting a SLURM or joblib sweep
+    costs no seconds of imports; its jobs import them."""
+    modules = [
+        "kindling.run.job_record", "kindling.report", "kindling.optuna_sweep",
+        "hydra_plugins.kindling_optuna_sweeper.optuna_sweeper",
+        "hydra_plugins.kindling_slurm_launcher.slurm_launcher",
+    ]  # fmt: skip
+    loaded = "print('loaded:', *{'torch', 'lightning'} & set(sys.modules))"
+    code = f"import sys, {', '.join(modules)}; {loaded}"
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+    )
+    assert result.stdout.strip() == "loaded:", result.stdout + result.stderr[-2000:]

@@ -92,7 +92,7 @@ def test_a_missing_url_or_file_system_is_one_line(bucket: str) -> None:
 
 
 def test_the_atomic_writer_hands_urls_to_fsspec(bucket: str) -> None:
-    from kindling.files import AtomicCheckpointIO
+    from kindling.checkpoints import AtomicCheckpointIO
 
     AtomicCheckpointIO().save_checkpoint({"state_dict": {"w": torch.ones(2)}}, f"{bucket}/a.ckpt")
     (written,) = fsspec.filesystem("memory").ls(bucket, detail=False)

@@ -13,7 +13,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from omegaconf import DictConfig
 
-from kindling.files import AtomicCheckpointIO
+from kindling.checkpoints import AtomicCheckpointIO
 from kindling.loggers.resumable_csv import ResumableCSVLogger
 from kindling.train import run
 

@@ -1,4 +1,5 @@
-"""Checkpoint files read safely, from a path or a URL (`kindling.files` writes them)."""
+"""Checkpoint files written whole (`AtomicCheckpointIO`, the Trainer's writer) and read safely,
+from a path or a URL."""
 
 import contextlib
 import re
@@ -8,8 +9,25 @@ from typing import Any
 import fsspec
 import torch
 from fsspec.implementations.local import LocalFileSystem
+from lightning.fabric.plugins import TorchCheckpointIO
 
 from kindling.errors import UserError
+from kindling.files import write_atomically
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Each local checkpoint written with `write_atomically`: a process killed while writing
+    leaves the previous `last.ckpt` whole (Lightning's writer stages it in /tmp and moves it: a
+    copy across file systems). Object-store URLs go to Lightning's writer: one upload, which the
+    store makes visible whole."""
+
+    def save_checkpoint(
+        self, checkpoint: dict, path: str | Path, storage_options: Any = None
+    ) -> None:
+        fs, local_path = fsspec.core.url_to_fs(str(path))
+        if storage_options is not None or not isinstance(fs, LocalFileSystem):
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        write_atomically(Path(local_path), lambda file: torch.save(checkpoint, file), durable=True)
 
 
 def read_checkpoint(path: str | Path) -> dict[str, Any]:

@@ -1,16 +1,14 @@
-"""Files that readers only ever see whole: any file, and the Trainer's checkpoints."""
+"""Files that readers only ever see whole (the Trainer's checkpoints among them:
+`kindling.checkpoints`), written locally or to object storage."""
 
 import os
 import tempfile
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 import fsspec
-import torch
-from fsspec.implementations.local import LocalFileSystem
-from lightning.fabric.plugins import TorchCheckpointIO
 
 
 def write_atomically(path: Path, write: Callable[[BinaryIO], None], durable: bool = False) -> None:
@@ -42,18 +40,3 @@ def probe_writable(folder: Path) -> None:
 def is_url(path: str | Path) -> bool:
     """Whether `path` is in object storage (`s3://`, `gs://`, `memory://`; `file://` is local)."""
     return fsspec.utils.get_protocol(str(path)) not in ("file", "local")
-
-
-class AtomicCheckpointIO(TorchCheckpointIO):
-    """Each local checkpoint written with `write_atomically`: a process killed while writing
-    leaves the previous `last.ckpt` whole (Lightning's writer stages it in /tmp and moves it: a
-    copy across file systems). Object-store URLs go to Lightning's writer: one upload, which the
-    store makes visible whole."""
-
-    def save_checkpoint(
-        self, checkpoint: dict, path: str | Path, storage_options: Any = None
-    ) -> None:
-        fs, local_path = fsspec.core.url_to_fs(str(path))
-        if storage_options is not None or not isinstance(fs, LocalFileSystem):
-            return super().save_checkpoint(checkpoint, path, storage_options)
-        write_atomically(Path(local_path), lambda file: torch.save(checkpoint, file), durable=True)

@@ -14,12 +14,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import torch.distributed
 import yaml
 from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
-from lightning.pytorch.utilities import rank_zero_only
+from lightning_utilities.core.rank_zero import rank_zero_only  # Lightning's, without torch
 from omegaconf import DictConfig
 
 from kindling.files import write_atomically
@@ -78,6 +77,8 @@ def job_environment() -> Iterator[None]:
     try:
         yield
     finally:
+        import torch.distributed  # a job's process has it already
+
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
         for name, value in saved.items():

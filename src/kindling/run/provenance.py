@@ -15,10 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import hydra
-import lightning
-import torch
 from hydra.core.hydra_config import HydraConfig
-from lightning.pytorch.utilities import rank_zero_only
+from lightning_utilities.core.rank_zero import rank_zero_only  # Lightning's, without torch
 
 import kindling
 from kindling.run.job_record import write_yaml
@@ -34,6 +32,10 @@ LENGTH = ("trainer.max_epochs", "trainer.max_steps")  # a resume may change them
 
 def collect(code_dir: str | Path | None = None) -> dict[str, Any]:
     """The run's provenance; `code_dir`: the code's folder (kindling's own)."""
+    # Here, in the run: a multirun's report imports this module without torch (`key`).
+    import lightning
+    import torch
+
     overrides = HydraConfig.get().overrides.task if HydraConfig.initialized() else None
     return {
         "command": shlex.join([sys.executable, *sys.argv]),
