@@ -7,7 +7,7 @@ from omegaconf import DictConfig
 
 from kindling.config import resolvers  # noqa: F401 - importing registers the resolvers
 from kindling.errors import UserError
-from kindling.garbage_collection import import_long_lived, skip_collections_at_exit
+from kindling.garbage_collection import ending_without_teardown, import_long_lived
 from kindling.run.run_folder import launched
 
 
@@ -21,18 +21,18 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
-    skip_collections_at_exit()
-    # `ckpt_path=<file>`: the run is composed with the overrides it was trained with, then the
-    # command's (kindling/run/starting_checkpoint.py).
-    if any("ckpt_path=" in arg for arg in sys.argv[1:]):
-        from kindling.run.starting_checkpoint import with_checkpoint_overrides
+    with ending_without_teardown():  # kindling/garbage_collection.py
+        # `ckpt_path=<file>`: the run is composed with the overrides it was trained with, then
+        # the command's (kindling/run/starting_checkpoint.py).
+        if any("ckpt_path=" in arg for arg in sys.argv[1:]):
+            from kindling.run.starting_checkpoint import with_checkpoint_overrides
 
-        sys.argv[1:] = with_checkpoint_overrides(sys.argv[1:])
-    if launched():  # by torchrun or in a SLURM job (kindling/run/launched.py)
-        from kindling.run.launched import check_launch
+            sys.argv[1:] = with_checkpoint_overrides(sys.argv[1:])
+        if launched():  # by torchrun or in a SLURM job (kindling/run/launched.py)
+            from kindling.run.launched import check_launch
 
-        try:
-            check_launch()  # before Hydra composes: the ranks must name one run folder
-        except UserError as error:
-            sys.exit(str(error))  # one line on stderr, exit status 1
-    main()
+            try:
+                check_launch()  # before Hydra composes: the ranks must name one run folder
+            except UserError as error:
+                sys.exit(str(error))  # one line on stderr, exit status 1
+        main()

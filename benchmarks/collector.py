@@ -5,12 +5,12 @@ kindling's setting (kindling/garbage_collection.py).
 
 Two sides, each a fresh `train.py` process run through the same small wrapper (`python -c`):
 `kindling` as the repository ships it, and `python defaults` with `long_lived_imports` and
-`skip_collections_at_exit` made no-ops. The wrapper sums the time of every collection
+`ending_without_teardown` made no-ops. The wrapper sums the time of every collection
 (`gc.callbacks`), split into full collections (generation 2) and the others, until the last atexit
-handler; `shutdown` is the time from then until the process has ended (interpreter finalization,
-timed from outside); `peak MB` the process's largest resident memory (`ru_maxrss`), as a freeze
-keeps objects alive that a collection might have freed. Medians of the repeats, the two sides
-alternating which runs first.
+handler has run; `shutdown` is the time from then until the process has ended (interpreter
+teardown, if any, timed from outside); `peak MB` the process's largest resident memory
+(`ru_maxrss`), as a freeze keeps objects alive that a collection might have freed. Medians of
+the repeats, the two sides alternating which runs first.
 Writes `collector.json` to `benchmarks/results/` (or `--out`).
 """
 
@@ -26,14 +26,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 WRAPPER = """
-import atexit, gc, json, resource, runpy, sys, time
+import atexit, gc, json, os, resource, runpy, sys, time
 mode, report = sys.argv[1], sys.argv[2]
 sys.argv = sys.argv[3:]
+import kindling.garbage_collection as collection
 if mode == "python defaults":
     import contextlib
-    import kindling.garbage_collection as collection
     collection.long_lived_imports = contextlib.nullcontext
-    collection.skip_collections_at_exit = lambda: None
+    collection.ending_without_teardown = contextlib.nullcontext
 spent = {0: 0.0, 1: 0.0, 2: 0.0}
 started = [0.0]
 def on_collection(phase, info):
@@ -42,13 +42,20 @@ def on_collection(phase, info):
     else:
         spent[info["generation"]] += time.perf_counter() - started[0]
 gc.callbacks.append(on_collection)
-def last_handler():  # registered first: runs after every other atexit handler
+def last_handler():  # after every atexit handler: train.py's end, or registered first
+    if on_collection not in gc.callbacks:
+        return
     gc.callbacks.remove(on_collection)
     with open(report, "w") as f:
         peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         json.dump({"full": spent[2], "young": spent[0] + spent[1], "peak_mb": peak_mb,
                    "at_exit": time.time()}, f)
 atexit.register(last_handler)
+exit_now = os._exit
+def end(status):
+    last_handler()
+    exit_now(status)
+os._exit = end
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
 

@@ -15,7 +15,6 @@ from typing import Any, TypeVar, get_args
 
 from kindling.errors import UserError, find_user_error, message
 from kindling.files import write_atomically
-from kindling.garbage_collection import skip_collections_at_exit
 
 Args = TypeVar("Args")
 R = TypeVar("R")
@@ -100,7 +99,6 @@ def command(
         @main
         def tool(argv: Sequence[str] | None = None) -> None:
             if argv is None:
-                skip_collections_at_exit()
                 argv = sys.argv[1:]
             logging.basicConfig(level=logging.WARNING, format="%(message)s")
             logging.getLogger("kindling").setLevel(logging.INFO)

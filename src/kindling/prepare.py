@@ -34,7 +34,6 @@ from kindling.data.loaders import SPLITS
 from kindling.data.sequences import Sequences
 from kindling.data.workers import default_num_workers
 from kindling.errors import UserError
-from kindling.garbage_collection import skip_collections_at_exit
 
 log = logging.getLogger("kindling")
 
@@ -167,5 +166,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    skip_collections_at_exit()
     main()
