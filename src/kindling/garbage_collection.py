@@ -42,8 +42,10 @@ def ending_without_teardown() -> Iterator[None]:
     freeing the imports' objects one by one. An exception, or a `sys.exit(<message>)`, ends the
     usual way, the frozen objects given back to the collector first: frozen, they would outlive
     the teardown of extensions that report what outlives them as leaked (Triton's, which torch
-    imports, prints hundreds of lines). Enter it first thing in `__main__`: of the handlers
-    registered before it, which would not run, only logging's exists there, and it is called."""
+    imports, prints hundreds of lines). Enter it first thing in `__main__`: handlers registered
+    before it do not run, except logging's, called here; one registered as the interpreter starts
+    (coverage's, measuring a subprocess) needs its own hook on `os._exit` (coverage: `patch =
+    _exit`)."""
     status: list[int] = []
 
     def end() -> None:
