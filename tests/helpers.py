@@ -42,7 +42,6 @@ import logging
 import os
 import runpy
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -69,6 +68,8 @@ import kindling.train  # noqa: F401 - registers the resolvers the configs use
 from kindling.data.digits import DigitsDataModule
 from kindling.data.image_folder import ImageFolderDataModule
 from kindling.data.sequences import SequenceTableDataModule
+
+from forked import Forked, run_forked
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
@@ -99,28 +100,35 @@ def importable(module_dir: Path | None) -> dict[str, str] | None:
 
 
 def train_py(
-    *args: str, cwd: Path, timeout: int = 600, module_dir: Path | None = None
+    *args: str,
+    cwd: Path,
+    timeout: int = 600,
+    module_dir: Path | None = None,
+    new_interpreter: bool = False,
 ) -> subprocess.CompletedProcess:
-    """`python train.py <args>` in `cwd`, as a user runs it, with its output captured as text."""
-    return subprocess.run(
-        [*PYTHON, str(ROOT / "train.py"), *args],
-        cwd=cwd, env=importable(module_dir), capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
+    """`python train.py <args>` in `cwd` as a process of its own (forked: `forked.py`), with its
+    output captured as text. `new_interpreter`: `python` itself, for what a fork cannot carry
+    (joblib's pool of workers, whose threads the fork does not copy, waits for them forever)."""
+    if new_interpreter:
+        return subprocess.run(
+            [*PYTHON, str(ROOT / "train.py"), *args], cwd=cwd, env=importable(module_dir),
+            capture_output=True, text=True, timeout=timeout,
+        )  # fmt: skip
+    return run_forked(ROOT / "train.py", list(args), cwd=cwd, env=importable(module_dir),
+                      module_dir=module_dir, timeout=timeout)  # fmt: skip
 
 
 def start_train_py(
     *args: str, cwd: Path, module_dir: Path | None = None, ctrl_c: bool = False
-) -> subprocess.Popen:
-    """`python train.py <args>` started in `cwd`; its output (stdout and stderr) piped as text.
+) -> Forked:
+    """`python train.py <args>` started in `cwd` as a process of its own (forked: `forked.py`);
+    its output (stdout and stderr) in `.stdout`.
 
     `ctrl_c`: SIGINT as in a terminal. A shell starts background jobs (a CI step, `cmd &`) with
     SIGINT ignored, and Python keeps an ignored SIGINT ignored.
     """
-    return subprocess.Popen(
-        [*PYTHON, str(ROOT / "train.py"), *args],
-        cwd=cwd, env=importable(module_dir), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, preexec_fn=_default_sigint if ctrl_c else None,
-    )  # fmt: skip
+    return Forked(ROOT / "train.py", list(args), cwd=cwd, env=importable(module_dir),
+                  module_dir=module_dir, merge_stderr=True, ctrl_c=ctrl_c)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -184,10 +192,6 @@ def main_here(
         os.chdir(saved_cwd)
         sys.argv[:], sys.path[:] = saved_argv, saved_path
     return CompletedRun(argv[1:], code or 0, stdout.getvalue(), stderr.getvalue())
-
-
-def _default_sigint() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def free_port() -> int:

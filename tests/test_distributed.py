@@ -37,8 +37,11 @@ def launch(*command: str, cwd: Path) -> str:
     return output
 
 
-def train_py(*args: str, cwd: Path) -> str:
-    return launch(*PYTHON, str(ROOT / "train.py"), *args, cwd=cwd)
+def train_py(*args: str, cwd: Path, new_interpreter: bool = False) -> str:
+    result = run_train_py(*args, cwd=cwd, new_interpreter=new_interpreter)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    return output
 
 
 def only_child(folder: Path) -> Path:
@@ -128,7 +131,7 @@ def test_parallel_sweep_with_joblib(tmp_path: Path) -> None:
     output = train_py(
         "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "model=cnn,rnn",
         "trainer=cpu", *QUIET_SHORT, NO_REPORT,
-        cwd=tmp_path,
+        cwd=tmp_path, new_interpreter=True,  # joblib's pool of workers
     )  # fmt: skip
     sweep_dir = only_child(tmp_path / "logs" / "debug" / "multiruns")
     assert sorted(p.name for p in sweep_dir.iterdir() if p.is_dir()) == ["0", "1"]

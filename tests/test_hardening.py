@@ -3,7 +3,6 @@
 import os
 import signal
 import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
@@ -15,6 +14,7 @@ import torch
 import kindling.train
 from kindling.callbacks.interrupt import CheckpointOnInterrupt
 
+from forked import Forked
 from helpers import QUIET, ROOT, importable, start_train_py, train_py
 
 TWO_CPUS = ["trainer.accelerator=cpu", "trainer.devices=2"]
@@ -566,11 +566,9 @@ def test_a_signal_to_the_whole_process_group_with_loader_workers_saves_the_step(
         "callbacks.plots=null", "+callbacks.stall_at._target_=stall_at.StallAt",
         "+callbacks.stall_at.step=3", f"+callbacks.stall_at.folder={tmp_path}",
     ]  # fmt: skip
-    process = subprocess.Popen(
-        [sys.executable, str(ROOT / "train.py"), *args], cwd=tmp_path,
-        env=importable(tmp_path),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    process = Forked(
+        ROOT / "train.py", args, cwd=tmp_path, env=importable(tmp_path), module_dir=tmp_path,
+        merge_stderr=True, ctrl_c=True, new_session=True,
     )  # fmt: skip
     deadline = time.monotonic() + 120
     while not (tmp_path / "at_step").exists():

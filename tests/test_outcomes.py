@@ -11,8 +11,6 @@ import csv
 import functools
 import json
 import signal
-import subprocess
-import sys
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -37,12 +35,11 @@ from kindling.train import run
 
 from helpers import (
     QUIET,
-    ROOT,
     compose_in,
-    importable,
     made_once,
     pattern_rows,
     prepare_cfg,
+    train_py,
     write_table,
 )
 
@@ -282,10 +279,9 @@ def test_a_run_killed_twice_and_resumed_keeps_every_epochs_metrics(
     for epoch, resume in ((2, []), (4, resume_from_last)):
         killer = ["+callbacks.kill._target_=kill_after_checkpoint.KillAfterCheckpoint",
                   f"+callbacks.kill.epoch={epoch}"]  # fmt: skip
-        killed = subprocess.run(
-            [sys.executable, str(ROOT / "train.py"), *args, "hydra.run.dir=run", *resume, *killer],
-            cwd=tmp_path, env=importable(tmp_path), capture_output=True, text=True, timeout=600,
-        )  # fmt: skip
+        killed = train_py(
+            *args, "hydra.run.dir=run", *resume, *killer, cwd=tmp_path, module_dir=tmp_path
+        )
         assert killed.returncode == -signal.SIGKILL, (killed.stdout + killed.stderr)[-3000:]
     # The last resume runs in this process (in tmp_path/run): only the kills need processes.
     finished = run(compose_config(*args, *resume_from_last))

@@ -32,7 +32,8 @@ from kindling.optuna_sweep import (
 )
 from kindling.train import run
 
-from helpers import PYTHON, ROOT, train_py
+from forked import Forked
+from helpers import start_train_py, train_py
 
 # A trial of a second or two: one epoch of two batches, no test, nothing logged.
 TINY = [
@@ -165,7 +166,10 @@ def write_search(tmp_path: Path, config: str) -> list[str]:
 
 
 def search(tmp_path: Path, config: str, *overrides: str) -> str:
-    result = train_py(*write_search(tmp_path, config), *overrides, cwd=tmp_path)
+    joblib = "hydra/launcher=joblib" in overrides  # its pool of workers needs a new interpreter
+    result = train_py(
+        *write_search(tmp_path, config), *overrides, cwd=tmp_path, new_interpreter=joblib
+    )
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
     return output
@@ -273,13 +277,11 @@ def test_pruned_trials_in_launcher_workers_are_recorded_and_the_sweep_goes_on(
     assert "no best trial" in output
 
 
-def sweep_command(tmp_path: Path, config: str, *overrides: str) -> list[str]:
-    return [*PYTHON, str(ROOT / "train.py"), *write_search(tmp_path, config), *overrides]
+def sweep_args(tmp_path: Path, config: str, *overrides: str) -> list[str]:
+    return [*write_search(tmp_path, config), *overrides]
 
 
-def wait_for(
-    condition: Callable[[], bool], process: subprocess.Popen, timeout: float = 300
-) -> None:
+def wait_for(condition: Callable[[], bool], process: Forked, timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         assert process.poll() is None, "the sweep ended before the condition was met"
@@ -300,18 +302,17 @@ def running_trial(tmp_path: Path, number: int) -> bool:
 
 @pytest.mark.slow
 def test_a_killed_sweep_continues_its_study_when_run_again(tmp_path: Path) -> None:
-    command = sweep_command(tmp_path, SEARCH.format(n_trials=4, seed=0), *TINY)
-    with open(tmp_path / "first.log", "w") as log:
-        first = subprocess.Popen(command, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            wait_for(lambda: running_trial(tmp_path, 2), first)
-        finally:
-            first.kill()  # during trial 2, after two finished trials
-            first.wait()
+    args = sweep_args(tmp_path, SEARCH.format(n_trials=4, seed=0), *TINY)
+    first = start_train_py(*args, cwd=tmp_path)
+    try:
+        wait_for(lambda: running_trial(tmp_path, 2), first)
+    finally:
+        first.kill()  # during trial 2, after two finished trials
+        first.wait()
     done = {t.number: t.params for t in load_study(tmp_path).trials if t.state.is_finished()}
     assert sorted(done) == [0, 1]
 
-    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    result = train_py(*args, cwd=tmp_path)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     trials = load_study(tmp_path).trials
     # The first two are kept, trial 2 is failed as cut off, and two more make four.
@@ -327,17 +328,12 @@ def test_a_killed_sweep_continues_its_study_when_run_again(tmp_path: Path) -> No
 
 @pytest.mark.slow
 def test_two_sweepers_on_one_storage_run_different_trials(tmp_path: Path) -> None:
-    command = sweep_command(tmp_path, SEARCH.format(n_trials=4, seed=0), *TINY)
-    sweepers = []
-    for seed in (1, 2):
-        log = open(tmp_path / f"sweeper_{seed}.log", "w")  # noqa: SIM115 - closed with the process
-        sweepers.append((log, subprocess.Popen(
-            [*command, f"hydra.sweeper.sampler.seed={seed}"],
-            cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT,
-        )))  # fmt: skip
-    for log, sweeper in sweepers:
-        assert sweeper.wait(timeout=600) == 0, (tmp_path / Path(log.name).name).read_text()[-4000:]
-        log.close()
+    args = sweep_args(tmp_path, SEARCH.format(n_trials=4, seed=0), *TINY)
+    sweepers = [
+        start_train_py(*args, f"hydra.sweeper.sampler.seed={seed}", cwd=tmp_path) for seed in (1, 2)
+    ]
+    for sweeper in sweepers:
+        assert sweeper.wait(timeout=600) == 0, sweeper.stdout.read()[-4000:]
     trials = load_study(tmp_path).trials
     # Each counts the other's trials: four in all (five if both asked for the last at once).
     assert len(trials) in (4, 5) and all(t.state == TrialState.COMPLETE for t in trials)
