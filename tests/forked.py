@@ -1,8 +1,8 @@
 """`python <script> <args>` as a child forked from the test's process, which has imported torch,
 Lightning and kindling already: a process of its own (its pid, signals, process group, exit
-status, its output on its own file descriptors, the ranks it starts), without the three seconds
-of CPU a new interpreter spends on those imports before it runs (about a hundred such processes
-in `pytest --slow`). `Forked` has the face of `subprocess.Popen` that the tests use.
+status, its output on its own file descriptors, the ranks it starts), without the seconds of CPU
+a new interpreter spends on those imports before it runs, for every such process of
+`pytest --slow`. `Forked` has the face of `subprocess.Popen` that the tests use.
 
 The child is made to look like a new interpreter where a script can tell: the working folder,
 environment and `sys.argv` of the command; standard streams on its own descriptors (and the

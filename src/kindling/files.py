@@ -6,9 +6,10 @@ import tempfile
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import fsspec
+import yaml
 
 
 def write_atomically(path: Path, write: Callable[[BinaryIO], None], durable: bool = False) -> None:
@@ -28,6 +29,12 @@ def write_atomically(path: Path, write: Callable[[BinaryIO], None], durable: boo
     except BaseException:
         partial.unlink(missing_ok=True)
         raise
+
+
+def write_yaml(path: Path, record: dict[str, Any]) -> None:
+    """`record` as YAML in `path`, written whole (`write_atomically`), its keys in their order."""
+    text = yaml.safe_dump(record, sort_keys=False, width=float("inf"))
+    write_atomically(path, lambda file: file.write(text.encode()))
 
 
 def probe_writable(folder: Path) -> None:

@@ -37,7 +37,8 @@ from optuna.storages import BaseStorage, JournalStorage, get_storage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import FrozenTrial, TrialState
 
-from kindling.run.job_record import TRIAL_FILE, write_yaml
+from kindling.files import write_yaml
+from kindling.run.job_record import TRIAL_FILE
 
 log = logging.getLogger(__name__)
 

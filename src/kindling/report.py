@@ -3,7 +3,7 @@ honestly*): `python -m kindling.report <sweep folder> [<multirun that extended i
 into the first folder `jobs.csv` (one row per job), `configurations.csv` (one row per
 configuration, its seeds and folds aggregated: mean, standard deviation and count, best first),
 `report.md` (both tables, also printed) and `report.png` (each job a point, per configuration).
-Hydra runs it at the end of every multirun (kindling.run.job_record.MultirunReport).
+Hydra runs it at the end of every multirun (kindling.multirun_report.MultirunReport).
 """
 
 import statistics

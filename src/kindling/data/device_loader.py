@@ -8,7 +8,6 @@ from lightning.fabric.utilities.apply_func import move_data_to_device
 from torch.utils.data import TensorDataset
 
 from kindling import internals
-from kindling.data.in_memory import BatchIndexedTensors
 from kindling.data.loaders import EpochPosition
 
 # data.on_device=auto: the share of the device's free memory the whole data set may take.
@@ -16,7 +15,7 @@ ON_DEVICE_SHARE = 0.25
 
 
 def serve_on_device(
-    datamodule: L.LightningDataModule, dataset: BatchIndexedTensors, shuffle: bool
+    datamodule: L.LightningDataModule, dataset: TensorDataset, shuffle: bool
 ) -> "DeviceTensorLoader | None":
     """`dataset` copied once to this process's device (without the batch hooks: augmentation
     belongs to each training batch), and served from there; None where `on_device=auto` finds

@@ -4,23 +4,12 @@ number of processes; and the check that the trainer asks for the processes the l
 Naming imports no library: a job's script may name its folder without torch's seconds."""
 
 import os
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kindling.errors import UserError
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
-
-
-def new_folder(parent: Path) -> Path:
-    """`<parent>/slurm-...` in a SLURM job (`slurm.job_folder`), else `<parent>/torchrun-...`."""
-    name = slurm_name()
-    if name is None:
-        return parent / torchrun_name()
-    from kindling.run.slurm import job_folder
-
-    return job_folder(parent, name)
 
 
 def check_launch() -> None:

@@ -19,7 +19,7 @@ from hydra.core.hydra_config import HydraConfig
 from lightning_utilities.core.rank_zero import rank_zero_only  # Lightning's, without torch
 
 import kindling
-from kindling.run.job_record import write_yaml
+from kindling.files import write_yaml
 
 PROVENANCE_FILE = "provenance.yaml"
 DIFF_FILE = "git.diff"

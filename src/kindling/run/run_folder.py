@@ -9,7 +9,7 @@ the first's.
 - SLURM (also under torchrun): `slurm-<job id>[_<array task>][.<step>]`, the same in every task
   and every start of a requeued job, which so takes back its `hpc_ckpt_*.ckpt`; several runs of
   one job step take `-1`, `-2`, ... (`slurm.py`). Naming only reads; the run `claim`s its folder
-  when it starts (`kindling.train`, and a multirun's in `job_record.MultirunReport`). Both are
+  when it starts (`kindling.train`, and a multirun's in `kindling.multirun_report`). Both are
   named in `launched.py`, which only such runs load.
 
 One run folder, one writer: two resumes of one run would interleave their epochs in metrics.csv.
@@ -64,11 +64,18 @@ def sweep_folder(log_dir: str, task_name: str) -> str:
 
 
 def _new_folder(parent: Path) -> Path:
+    """By hand: a new stamp. SLURM: `<parent>/slurm-...` (`slurm.job_folder`). torchrun:
+    `<parent>/torchrun-...`."""
     if not launched():
         return parent / run_stamp()
-    from kindling.run.launched import new_folder
+    from kindling.run.launched import slurm_name, torchrun_name
 
-    return new_folder(parent)
+    name = slurm_name()
+    if name is None:
+        return parent / torchrun_name()
+    from kindling.run.slurm import job_folder
+
+    return job_folder(parent, name)
 
 
 def launched() -> bool:
