@@ -5,6 +5,7 @@ import importlib
 import traceback
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 from lightning.pytorch.loggers import wandb as wandb_logger
@@ -12,6 +13,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from lightning_utilities.core.imports import RequirementCache
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
 from kindling.config.instantiate import ConfigFactory, build
 from kindling.data.text import Vocabulary
@@ -112,6 +114,47 @@ MISTAKES = {
         "Trainer, seed_everything). Change trainer._target_.",
     ),
 }
+
+
+class DataWithoutATestLoader(L.LightningDataModule):
+    """A data module of one's own that serves training and validation, and no test."""
+
+    def __init__(self, num_classes: int, image_shape: list[int], batch_size: int) -> None:
+        super().__init__()
+        self.batch_size = batch_size
+
+    def train_dataloader(self) -> DataLoader:
+        images, labels = torch.rand(8, 1, 8, 8), torch.randint(0, 10, (8,))
+        return DataLoader(TensorDataset(images, labels), batch_size=self.batch_size)
+
+    val_dataloader = train_dataloader
+
+
+class NotADataModule:
+    def __init__(self, num_classes: int, image_shape: list[int], batch_size: int) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [
+        ("DataWithoutATestLoader", "DataWithoutATestLoader has no test_dataloader(), which this "
+         "run needs: define it, or run with test=false."),
+        ("NotADataModule", "data._target_ builds a NotADataModule, not a LightningDataModule"),
+    ],
+)  # fmt: skip
+def test_a_data_module_that_cannot_serve_the_run_is_refused_before_it_trains(
+    compose_config, caplog, tmp_path: Path, target: str, message: str
+) -> None:
+    own_data = [f"+data._target_={__name__}.{target}", "+data.num_classes=10",
+                "+data.image_shape=[1,8,8]", "+data.batch_size=4"]  # fmt: skip
+    cfg = compose_config("~data", *own_data, "trainer=cpu", *QUIET)
+    with pytest.raises(SystemExit) as stopped:
+        run(cfg)
+    assert stopped.value.code == 1
+    (line,) = error_lines(caplog)
+    assert message in line
+    assert not list(tmp_path.rglob("*.ckpt"))  # refused before the first step
 
 
 @pytest.mark.parametrize("case", MISTAKES)

@@ -29,6 +29,7 @@ class MultirunReport(Callback):
         # Imported now, not at exit, where Python no longer lets a module start its thread pool
         # (fsspec's, which the report's files import).
         import kindling.report  # noqa: F401 - the tables; matplotlib waits for the plot
+
         # Hydra's basic sweeper raises the first failed job's error once all jobs have run, and
         # then skips on_multirun_end: such a multirun (or one stopped by Ctrl-C) reports at exit.
         atexit.register(self.report)

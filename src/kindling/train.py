@@ -32,6 +32,7 @@ from kindling.callbacks.resume import ResumeExactly
 from kindling.config import resolvers  # noqa: F401 - importing registers the resolvers
 from kindling.config.config_tree import print_config_tree
 from kindling.config.instantiate import build, check_arguments, instantiate_group
+from kindling.data.contract import DescribesItself, HasBatchShapes, check_data_module
 from kindling.data.loaders import per_device_batch_size
 from kindling.errors import UserError, find_user_error, message
 from kindling.files import is_url
@@ -116,6 +117,7 @@ def train_and_test(cfg: DictConfig) -> float | None:
             torch.set_float32_matmul_precision(cfg.float32_matmul_precision)
 
         datamodule: L.LightningDataModule = build(cfg.data, "data")
+        check_data_module(datamodule, train=bool(cfg.get("train")), test=bool(cfg.get("test")))
         fill_in_from_data(cfg.data, datamodule)
         check_arguments(cfg.model, "model")  # with what the data filled in
         model: L.LightningModule = build(cfg.model, "model")
@@ -169,7 +171,7 @@ def fill_in_from_data(data: DictConfig, datamodule: L.LightningDataModule) -> No
     """The `data.` keys the config leaves null, from the data module's `describe()` (a folder's
     class count, a table's features): `${data.num_classes}` in the model's config then reads the
     real value, and composing a config (`--cfg job`) reads no data."""
-    if hasattr(datamodule, "describe"):
+    if isinstance(datamodule, DescribesItself):
         found = {k: v for k, v in datamodule.describe().items() if data.get(k) is None}
         datamodule.hparams.update(found)
         with open_dict(data):
@@ -198,7 +200,7 @@ def build_trainer(
         if cfg.trainer.get("precision") is None:
             cfg.trainer.precision = best_precision(cfg.trainer.get("accelerator", "auto"))
         if cfg.trainer.get("benchmark") is None:
-            fixed = getattr(datamodule, "fixed_batch_shapes", False)
+            fixed = isinstance(datamodule, HasBatchShapes) and datamodule.fixed_batch_shapes
             cfg.trainer.benchmark = bool(fixed and not cfg.trainer.get("deterministic"))
     callbacks = [*instantiate_group(cfg.get("callbacks"), "callbacks"), *extra_callbacks]
     loggers = instantiate_group(cfg.get("logger"), "logger")
