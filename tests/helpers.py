@@ -5,14 +5,15 @@ that deleting one feature's tests leaves the others running.
 Running train.py: `train_py_here(*args, cwd=...)` runs train.py's `__main__` with a command line
 in this process (seconds of imports fewer), for what is about the command and its run;
 `module_here(module, *args, cwd=...)` the same for `python -m <module>`. `train_py(*args,
-cwd=...)` runs `python train.py` as a user does, for what is about the process itself (exit
-codes, signals, what happens at exit, output written outside logging's handlers, several
-processes), and
-`start_train_py(*args, cwd=...)` starts it (to signal it, or to run several at once); with
-`module_dir=` a config can name a class the test wrote there (`TESTS` holds the callbacks of
-record_samples.py), `ctrl_c=True` gives it Ctrl-C as in a terminal. `PYTHON` is the interpreter
-of such commands (`[*PYTHON, script, *args]`); `QUIET` turns off the progress bar and model
-summary; `free_port()` is a port for a process group of the test's own.
+cwd=...)` runs `python train.py` as a process of its own, forked from this one (`forked.py`), for
+what is about the process itself (exit codes, signals, what happens at exit, output written
+outside logging's handlers, several processes), and `start_train_py(*args, cwd=...)` starts it
+(to signal it, or to run several at once); with `module_dir=` a config can name a class the
+test wrote there (`TESTS` holds the callbacks of record_samples.py), `ctrl_c=True` gives it
+Ctrl-C as in a terminal. `PYTHON` is the interpreter of commands that need a new one
+(`[*PYTHON, script, *args]`: a new interpreter's imports or teardown, joblib's workers);
+`QUIET` turns off the progress bar and model summary; `free_port()` is a port for a process
+group of the test's own.
 
 Configs: `compose_in(folder, *overrides)` composes `configs/train.yaml` as `python train.py`
 does (the `compose_config` fixture calls it with tmp_path); `prepare_cfg(*overrides)` composes
