@@ -7,7 +7,6 @@ Runs `train.py` in this process (as `python train.py <overrides>` would, in a te
 folder) and prints the total, then each file with its lines, largest first.
 """
 
-import atexit
 import os
 import runpy
 import sys
@@ -34,6 +33,8 @@ def report() -> None:
 
 if __name__ == "__main__":
     os.chdir(tempfile.mkdtemp(prefix="kindling-loaded-lines-"))  # the run folder goes here
-    atexit.register(report)  # registered first: runs after train.py's own exit handlers
     sys.argv = [str(ROOT / "train.py"), *sys.argv[1:]]
-    runpy.run_path(str(ROOT / "train.py"), run_name="__main__")
+    try:
+        runpy.run_path(str(ROOT / "train.py"), run_name="__main__")
+    finally:  # before the exit handlers: train.py's last one ends the process (os._exit)
+        report()
