@@ -2,6 +2,7 @@
 instruction counter counts the same work the same."""
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -10,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ROOT
+from forked import run_forked
+from helpers import QUIET, ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import overhead
@@ -94,3 +96,15 @@ def test_instruction_counter_counts_equal_work_equally_and_double_work_double(
     assert once > 100_000  # a Python loop costs many instructions per iteration
     assert again == pytest.approx(once, rel=1e-3)
     assert twice == pytest.approx(2 * once, rel=0.01)
+
+
+@pytest.mark.slow
+def test_loaded_lines_reports_the_kindling_files_a_run_loaded(tmp_path: Path) -> None:
+    script = ROOT / "benchmarks" / "loaded_lines.py"
+    result = run_forked(script, ["debug=fdr", *QUIET], cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    total = re.search(r"kindling source loaded: (\d+) lines in (\d+) files", result.stdout)
+    assert total, result.stdout[-3000:]
+    listed = re.findall(r"^\s+(\d+)\s+(\S+)$", result.stdout, re.M)
+    assert sum(int(lines) for lines, _ in listed) == int(total[1]) and len(listed) == int(total[2])
+    assert {"train.py", "src/kindling/train.py"} <= {path for _, path in listed}
