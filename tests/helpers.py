@@ -108,9 +108,10 @@ def train_py(
     new_interpreter: bool = False,
 ) -> subprocess.CompletedProcess:
     """`python train.py <args>` in `cwd` as a process of its own (forked: `forked.py`), with its
-    output captured as text. `new_interpreter`: `python` itself, for what a fork cannot carry
-    (joblib's pool of workers, whose threads the fork does not copy, waits for them forever)."""
-    if new_interpreter:
+    output captured as text. `python` itself with `new_interpreter`, for what a fork cannot carry
+    (joblib's pool of workers, whose threads the fork does not copy, waits for them forever), and
+    where this process has started CUDA (a `gpu` test's), which a forked child cannot use."""
+    if new_interpreter or torch.cuda.is_initialized():  # CUDA cannot start again in a fork
         return subprocess.run(
             [*PYTHON, str(ROOT / "train.py"), *args], cwd=cwd, env=importable(module_dir),
             capture_output=True, text=True, timeout=timeout,
