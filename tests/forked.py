@@ -157,8 +157,13 @@ def _main(script: str) -> int:
     for thread in threading.enumerate():  # Python waits for non-daemon threads, then exits
         if thread is not threading.current_thread() and not thread.daemon:
             thread.join()
-    # Python's exit: the atexit handlers (the script's alone: `_new_interpreter_state`).
-    atexit._run_exitfuncs()
+    # Python's exit: the atexit handlers, the script's alone (`_new_interpreter_state`), last
+    # registered first. One that ends the process (train.py's) ends it here.
+    for function, args, kwargs in reversed(_EXIT_HANDLERS):
+        try:
+            function(*args, **kwargs)
+        except Exception:
+            traceback.print_exc()
     sys.stdout.flush()
     sys.stderr.flush()
     if code == -signal.SIGINT:  # an uncaught Ctrl-C: Python ends by the signal itself
@@ -206,9 +211,21 @@ def _new_interpreter_state(ctrl_c: bool) -> None:
     root.setLevel(logging.WARNING)
     logging.disable(logging.NOTSET)
     GlobalHydra.instance().clear()
-    # The test process's handlers (pytest's) are not the script's to run. CPython's own
-    # functions: no public API clears or runs them, and a forked child exits by `os._exit`.
-    atexit._clear()
+    # The script's exit handlers are kept apart from the test process's (pytest's), which are
+    # not the script's to run: `_main` runs them, as Python would at exit.
+    atexit.register, atexit.unregister = _register_at_exit, _unregister_at_exit
+
+
+_EXIT_HANDLERS: list[tuple] = []  # in a forked child: what its script registered with atexit
+
+
+def _register_at_exit(function, *args, **kwargs):
+    _EXIT_HANDLERS.append((function, args, kwargs))
+    return function
+
+
+def _unregister_at_exit(function) -> None:
+    _EXIT_HANDLERS[:] = [handler for handler in _EXIT_HANDLERS if handler[0] != function]
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
