@@ -76,21 +76,21 @@ def padded(sequences: list[tuple[np.ndarray, int]]) -> tuple[torch.Tensor, ...]:
 
 @pytest.mark.slow
 def test_a_conv_stem_learns_long_sequences_that_a_recurrent_net_does_not() -> None:
-    """Shapes in 150-225 steps: the GRU that reads them in patches of 5 steps (its default
-    here) learns them in 60 optimizer steps (0.96); read step by step, the same net does not
-    (0.31; at 100-150 steps it reaches 0.75)."""
+    """Shapes in 150-225 steps: a one-layer GRU that reads them in patches of 5 steps (its
+    default here) learns them in 80 optimizer steps (0.99); read step by step, the same net
+    does not (0.43)."""
     train, test = padded(shapes(200, (150, 225), seed=0)), padded(shapes(100, (150, 225), seed=1))
     accuracies = {}
     for patch in (None, 1):
         torch.manual_seed(0)
         net = GRUClassifier(
             None, 4, hidden_size=32, num_features=1, longest_sequence=225, patch_length=patch,
-            bidirectional=True,
+            bidirectional=True, num_layers=1,
         )  # fmt: skip
         assert (net.stem is None) == (patch == 1)
         optimizer = torch.optim.Adam(net.parameters(), lr=1e-2)
         batches = torch.Generator().manual_seed(0)
-        for _ in range(60):
+        for _ in range(80):
             at = torch.randint(0, 200, (32,), generator=batches)
             loss = F.cross_entropy(net(train[0][at], train[1][at]), train[2][at])
             optimizer.zero_grad(), loss.backward(), optimizer.step()
