@@ -1,8 +1,9 @@
-"""`python <script> <args>` as a child forked from the test's process, which has imported torch,
-Lightning and kindling already: a process of its own (its pid, signals, process group, exit
-status, its output on its own file descriptors, the ranks it starts), without the seconds of CPU
-a new interpreter spends on those imports before it runs, for every such process of
-`pytest --slow`. `Forked` has the face of `subprocess.Popen` that the tests use.
+"""`python <script> <args>` (or `python -m <module> <args>`) as a child forked from the test's
+process, which has imported torch, Lightning and kindling already: a process of its own (its
+pid, signals, process group, exit status, its output on its own file descriptors, the ranks it
+starts), without the seconds of CPU a new interpreter spends on those imports before it runs,
+for every such process of `pytest --slow`. `Forked` has the face of `subprocess.Popen` that the
+tests use.
 
 The child is made to look like a new interpreter where a script can tell: the working folder,
 environment and `sys.argv` of the command; standard streams on its own descriptors (and the
@@ -13,6 +14,7 @@ a new interpreter's imports or teardown needs: those start `python` itself (`PYT
 
 import atexit
 import faulthandler
+import importlib.util
 import io
 import logging
 import os
@@ -27,7 +29,9 @@ import traceback
 import warnings
 from pathlib import Path
 
+import torch
 from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
 
 # A new interpreter's warning filters (Python's "Default Warning Filter"), in order.
 _DEFAULT_FILTERS = [
@@ -40,11 +44,12 @@ _DEFAULT_FILTERS = [
 
 
 class Forked:
-    """`script` run as `__main__` with `args` in a forked child. Its stdout (and stderr, unless
-    `merge_stderr`) are read from files once it ends, or as it writes (`stdout.read()`)."""
+    """`script` run as `__main__` with `args` in a forked child: a file, or `-m <module>` as
+    `python -m <module>` runs it. Its stdout (and stderr, unless `merge_stderr`) are read from
+    files once it ends, or as it writes (`stdout.read()`)."""
 
     def __init__(
-        self, script: Path, args: list[str], *, cwd: Path, env: dict[str, str] | None = None,
+        self, script: Path | str, args: list[str], *, cwd: Path, env: dict[str, str] | None = None,
         module_dir: Path | None = None, merge_stderr: bool = False, ctrl_c: bool = False,
         new_session: bool = False,
     ) -> None:  # fmt: skip
@@ -90,7 +95,7 @@ class Forked:
 
 
 def run_forked(
-    script: Path, args: list[str], *, timeout: float, **options: object
+    script: Path | str, args: list[str], *, timeout: float, **options: object
 ) -> subprocess.CompletedProcess:
     """`subprocess.run(..., capture_output=True, text=True, timeout=...)` for a forked child."""
     process = Forked(script, args, **options)
@@ -128,21 +133,29 @@ def _child(
             os.environ.update(env)
         _new_streams(out_fd, err_fd)
         _new_interpreter_state(ctrl_c)
-        sys.argv[:] = argv
-        sys.path[:0] = [str(Path(argv[0]).parent), *([str(module_dir)] if module_dir else [])]
-        for module in module_dir.glob("*.py") if module_dir else ():
-            sys.modules.pop(module.stem, None)  # another test's module of the same name
-        code = _main(argv[0])
+        module = argv[0].removeprefix("-m ") if argv[0].startswith("-m ") else None
+        # `python -m` puts the working folder first on the path, and the module's file in argv.
+        sys.argv[:] = [importlib.util.find_spec(module).origin, *argv[1:]] if module else argv
+        first = os.getcwd() if module else str(Path(argv[0]).parent)
+        sys.path[:0] = [first, *([str(module_dir)] if module_dir else [])]
+        stems = [file.stem for file in module_dir.glob("*.py")] if module_dir else []
+        for name in [module, *stems] if module else stems:
+            sys.modules.pop(name, None)  # the module run afresh; another test's of the same name
+        code = _main(argv[0], module)
     except BaseException:
         traceback.print_exc()
     finally:
         os._exit(code)
 
 
-def _main(script: str) -> int:
-    """What `python script` does from running the script to the end of its atexit handlers."""
+def _main(script: str, module: str | None) -> int:
+    """What `python script` (`python -m module`) does from running it to the end of its atexit
+    handlers."""
     try:
-        runpy.run_path(script, run_name="__main__")
+        if module:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(script, run_name="__main__")
         code = 0
     except SystemExit as stop:
         code = stop.code if isinstance(stop.code, int) else 0 if stop.code is None else 1
@@ -211,6 +224,10 @@ def _new_interpreter_state(ctrl_c: bool) -> None:
     root.setLevel(logging.WARNING)
     logging.disable(logging.NOTSET)
     GlobalHydra.instance().clear()
+    HydraConfig.instance().cfg = None  # a test's run's settings: Lightning's launcher reads them
+    # GNU OpenMP's threads do not survive a fork: a parallel region started in the child would
+    # wait for them forever (pytorch/pytorch#41197). pytest's workers run one thread anyway.
+    torch.set_num_threads(1)
     # The script's exit handlers are kept apart from the test process's (pytest's), which are
     # not the script's to run: `_main` runs them, as Python would at exit.
     atexit.register, atexit.unregister = _register_at_exit, _unregister_at_exit

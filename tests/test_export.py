@@ -2,7 +2,6 @@
 
 import json
 import logging
-import subprocess
 from pathlib import Path
 
 import onnx
@@ -16,7 +15,8 @@ from kindling.export import ExportArgs, export
 from kindling.loading import load_module
 from kindling.train import run
 
-from helpers import PYTHON, QUIET, compose_in, error_lines, pattern_rows, write_table
+from forked import run_forked
+from helpers import QUIET, compose_in, error_lines, pattern_rows, write_table
 
 SHORT_RUN = [
     "trainer=cpu", "trainer.max_epochs=1", "trainer.limit_train_batches=2",
@@ -65,10 +65,10 @@ def test_transformer_and_timm_export_and_match_their_checkpoint(
 def test_the_command_exports_the_cnn_and_prints_the_differences(
     trained_run, tmp_path: Path
 ) -> None:
-    result = subprocess.run(
-        [*PYTHON, "-m", "kindling.export", f"ckpt_path={trained_run.best_checkpoint}",
-         f"output={tmp_path / 'cnn'}"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    result = run_forked(
+        "-m kindling.export",
+        [f"ckpt_path={trained_run.best_checkpoint}", f"output={tmp_path / 'cnn'}"],
+        cwd=tmp_path, timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     lines = [line for line in result.stderr.splitlines() if "largest logit difference" in line]

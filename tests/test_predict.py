@@ -18,8 +18,8 @@ from kindling.loading import data_state, load_module
 from kindling.predict import PredictArgs, predict
 from kindling.train import run
 
+from forked import run_forked
 from helpers import (
-    PYTHON,
     QUIET,
     compose_in,
     error_lines,
@@ -123,10 +123,8 @@ def test_command_line_errors_are_short(
         (line,) = error_lines(caplog)
         assert message in line, line
     # The whole command, once: the message alone on stderr, no traceback.
-    result = subprocess.run(
-        [*PYTHON, "-m", "kindling.predict", f"ckpt_path={checkpoint}", "input=nowhere"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    result = run_forked("-m kindling.predict", [f"ckpt_path={checkpoint}", "input=nowhere"],
+                        cwd=tmp_path, timeout=120)  # fmt: skip
     assert result.returncode == 1
     assert "input=nowhere is not a folder" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
@@ -196,10 +194,10 @@ def predict_on_two_processes(
     checkpoint: Path, input: Path, output: Path, *options: str, cwd: Path
 ) -> subprocess.CompletedProcess:
     """`python -m kindling.predict ... devices=2` on the CPU, checked to have run 2 processes."""
-    result = subprocess.run(
-        [*PYTHON, "-m", "kindling.predict", f"ckpt_path={checkpoint}", f"input={input}",
-         f"output={output}", "devices=2", "accelerator=cpu", *options],
-        cwd=cwd, capture_output=True, text=True, timeout=300,
+    result = run_forked(
+        "-m kindling.predict", [f"ckpt_path={checkpoint}", f"input={input}", f"output={output}",
+                                "devices=2", "accelerator=cpu", *options],
+        cwd=cwd, timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "Starting with 2 processes" in result.stderr

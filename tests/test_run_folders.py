@@ -1,7 +1,8 @@
 """One folder per run, whatever starts runs together; one folder for all ranks of a launch."""
 
+import multiprocessing
+import multiprocessing.synchronize
 import re
-import subprocess
 import sys
 import time
 import uuid
@@ -21,7 +22,6 @@ from kindling.train import run
 
 from helpers import (
     CONFIG_DIR,
-    PYTHON,
     QUIET,
     copy_run,
     error_lines,
@@ -237,15 +237,20 @@ def test_runs_and_multiruns_started_together_get_complete_folders_of_their_own(
         assert len([r for r in rows if r.startswith("0,")]) == 2, folder  # train and val, once
 
 
-def hold_in_another_process(folder: Path) -> subprocess.Popen:
-    """A process that holds `folder`'s lock until it is killed."""
-    holder = subprocess.Popen(
-        [*PYTHON, "-c", "import sys, time; from kindling.run import run_folder; "
-         "run_folder.hold(sys.argv[1]); print('held', flush=True); time.sleep(600)", str(folder)],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    assert holder.stdout.readline() == "held\n"
+def hold_in_another_process(folder: Path) -> multiprocessing.Process:
+    """A process that holds `folder`'s lock until it is killed (forked: no imports to pay)."""
+    fork = multiprocessing.get_context("fork")
+    held = fork.Event()
+    holder = fork.Process(target=_hold, args=(folder, held), daemon=True)
+    holder.start()
+    assert held.wait(60)
     return holder
+
+
+def _hold(folder: Path, held: multiprocessing.synchronize.Event) -> None:
+    run_folder.hold(folder)
+    held.set()
+    time.sleep(600)
 
 
 def test_a_folder_held_by_a_live_process_is_refused_and_free_once_it_is_killed(
@@ -264,7 +269,7 @@ def test_a_folder_held_by_a_live_process_is_refused_and_free_once_it_is_killed(
         monkeypatch.undo()
     finally:
         holder.kill()  # SIGKILL: no chance to clean up
-        holder.wait()
+        holder.join()
     run_folder.hold(tmp_path)  # the operating system released the lock of the killed process
     run_folder.release(tmp_path)
 
