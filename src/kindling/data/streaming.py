@@ -48,13 +48,13 @@ def read_metadata(
     `storage_options` the S3 client's arguments, as LitData takes them), checked complete."""
     location = f"{input_dir.rstrip('/')}/{METADATA_FILE}"
     again = f"python -m kindling.prepare data=<data config> output={input_dir}"
-    # s3fs's options: short timeouts (an unreachable address fails in seconds, not after
-    # retries); a new client, with the credentials and endpoint of now. Other file systems take
-    # their own keyword arguments, which these are not.
+    # s3fs's options: short timeouts and one retry (an unreachable address is named in under a
+    # second, not after botocore's four retries with back-off, 3 to 8 s); a new client, with
+    # the credentials and endpoint of now. Other file systems take their own keyword arguments.
     options = {}
     if location.startswith("s3://"):
-        timeouts = {"connect_timeout": 10, "read_timeout": 10}
-        options = {"client_kwargs": storage_options or {}, "config_kwargs": timeouts}
+        botocore = {"connect_timeout": 10, "read_timeout": 10, "retries": {"max_attempts": 1}}
+        options = {"client_kwargs": storage_options or {}, "config_kwargs": botocore}
     try:
         with fsspec.open(location, skip_instance_cache=True, **options) as file:
             text = file.read()
