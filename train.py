@@ -1,11 +1,13 @@
 """Entrypoint: `python train.py [overrides]`. Everything else lives in `kindling.train`."""
 
 import sys
+from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
 from kindling.config import resolvers  # noqa: F401 - importing registers the resolvers
+from kindling.config.group_overrides import check_group_overrides
 from kindling.errors import UserError
 from kindling.garbage_collection import ending_without_teardown, import_long_lived
 from kindling.run.run_folder import launched
@@ -22,6 +24,10 @@ def main(cfg: DictConfig) -> float | None:
 
 if __name__ == "__main__":
     with ending_without_teardown():  # kindling/garbage_collection.py
+        try:
+            check_group_overrides(sys.argv[1:], Path(__file__).parent / "configs")
+        except UserError as error:
+            sys.exit(str(error))  # one line on stderr, exit status 1
         # `ckpt_path=<file>`: the run is composed with the overrides it was trained with, then
         # the command's (kindling/run/starting_checkpoint.py).
         if any("ckpt_path=" in arg for arg in sys.argv[1:]):

@@ -329,3 +329,17 @@ def test_full_error_raises_a_tools_mistake(monkeypatch) -> None:
     monkeypatch.setenv("HYDRA_FULL_ERROR", "1")
     with pytest.raises(UserError, match="sweep_dirs"):
         report.main([])
+
+
+@pytest.mark.parametrize("group", ["logger", "data/augment"])
+def test_a_config_group_set_to_null_is_one_line_naming_the_way_to_drop_it(
+    group: str, tmp_path: Path
+) -> None:
+    """Hydra refuses `<group>=null` with a traceback from its own code."""
+    result = train_py_here(f"{group}=null", cwd=tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode == 1 and "Traceback" not in output, output[-2000:]
+    assert output.strip().splitlines() == [
+        f"{group}=null: a config group takes one of its options by name. {group}=none runs "
+        f"without one; ~{group} leaves the group out."
+    ]
