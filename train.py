@@ -24,21 +24,19 @@ def main(cfg: DictConfig) -> float | None:
 
 if __name__ == "__main__":
     with ending_without_teardown():  # kindling/garbage_collection.py
+        # Checks before Hydra composes, each refusing in one line on stderr (exit status 1).
         try:
             check_group_overrides(sys.argv[1:], Path(__file__).parent / "configs")
+            # `ckpt_path=<file>`: the run is composed with the overrides it was trained with,
+            # then the command's (kindling/run/starting_checkpoint.py).
+            if any("ckpt_path=" in arg for arg in sys.argv[1:]):
+                from kindling.run.starting_checkpoint import with_checkpoint_overrides
+
+                sys.argv[1:] = with_checkpoint_overrides(sys.argv[1:])
+            if launched():  # by torchrun or in a SLURM job (kindling/run/launched.py)
+                from kindling.run.launched import check_launch
+
+                check_launch()  # the ranks must name one run folder
         except UserError as error:
-            sys.exit(str(error))  # one line on stderr, exit status 1
-        # `ckpt_path=<file>`: the run is composed with the overrides it was trained with, then
-        # the command's (kindling/run/starting_checkpoint.py).
-        if any("ckpt_path=" in arg for arg in sys.argv[1:]):
-            from kindling.run.starting_checkpoint import with_checkpoint_overrides
-
-            sys.argv[1:] = with_checkpoint_overrides(sys.argv[1:])
-        if launched():  # by torchrun or in a SLURM job (kindling/run/launched.py)
-            from kindling.run.launched import check_launch
-
-            try:
-                check_launch()  # before Hydra composes: the ranks must name one run folder
-            except UserError as error:
-                sys.exit(str(error))  # one line on stderr, exit status 1
+            sys.exit(str(error))
         main()
