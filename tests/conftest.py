@@ -100,12 +100,13 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 
 def pytest_configure(config: pytest.Config) -> None:
     """In an xdist worker, share the cores out: N workers each running torch on every core
-    would fight over them. Subprocesses (`python train.py`) inherit the setting."""
+    would fight over them. Subprocesses (`python train.py`) inherit the setting. Without xdist
+    (`-n0`), one thread: what a forked `train.py` runs with (tests/forked.py), so that a test
+    comparing its weights with this process's compares the same sums."""
     workers = getattr(config, "workerinput", {}).get("workercount")
-    if workers:
-        threads = max(1, len(os.sched_getaffinity(0)) // workers)
-        torch.set_num_threads(threads)
-        os.environ["OMP_NUM_THREADS"] = str(threads)
+    threads = max(1, len(os.sched_getaffinity(0)) // workers) if workers else 1
+    torch.set_num_threads(threads)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
 """No rank hangs, interrupts stop at a step boundary, third-party internals are checked."""
 
+import json
 import os
 import signal
 import subprocess
@@ -580,3 +581,89 @@ def test_a_signal_to_the_whole_process_group_with_loader_workers_saves_the_step(
     assert "Interrupted at epoch 0, step 4." in output, output[-3000:]
     (checkpoint,) = tmp_path.glob("logs/train/runs/*/checkpoints/last.ckpt")
     assert torch.load(checkpoint, weights_only=True)["global_step"] == 4
+
+
+# Counts the torch.distributed calls kindling's own code makes in each training step (from one
+# batch's start to the next's, in one epoch), by whether they block and which group they use:
+# imported by `train.py` from tmp_path, not shipped.
+COUNT_COLLECTIVES = """
+import json
+import os
+import re
+import signal
+import traceback
+from pathlib import Path
+
+import lightning as L
+import torch.distributed as dist
+
+import kindling
+
+KINDLING = str(Path(kindling.__file__).parent)
+LIGHTNING_CALLS = re.compile(r"lightning/pytorch/(loops/|trainer/call\\.py)")
+NAMES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce", "gather",
+         "scatter", "reduce_scatter", "all_to_all", "barrier", "all_gather_object",
+         "broadcast_object_list", "gather_object", "scatter_object_list", "send", "recv")
+
+
+class CountCollectives(L.Callback):
+    def __init__(self, folder, signal_rank_1_at_step):
+        self.folder, self.signal_at = folder, signal_rank_1_at_step
+        self.calls, self.steps, self.mark = [], [], None
+
+    def setup(self, trainer, module, stage):
+        for name in NAMES:
+            setattr(dist, name, self.counting(name, getattr(dist, name)))
+
+    def counting(self, name, collective):
+        def counted(*args, **kwargs):
+            # Kindling's: a frame of kindling's below Lightning's loops and hook calls.
+            for frame in reversed(traceback.extract_stack()[:-1]):
+                if frame.filename.startswith(KINDLING):
+                    group = kwargs.get("group")
+                    world = group is None or group is dist.group.WORLD
+                    where = f"{frame.filename[len(KINDLING):]}:{frame.lineno} {frame.name}"
+                    self.calls.append((name, not kwargs.get("async_op", False), world, where))
+                    break
+                if LIGHTNING_CALLS.search(frame.filename):
+                    break
+            return collective(*args, **kwargs)
+        return counted
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        if self.mark is not None and batch_idx > 0:
+            self.steps.append(self.calls[self.mark:])
+        self.mark = len(self.calls)
+        if trainer.global_rank == 1 and trainer.global_step == self.signal_at:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def on_exception(self, trainer, module, exception):
+        Path(self.folder, str(trainer.global_rank)).write_text(json.dumps(self.steps))
+"""
+
+
+@pytest.mark.slow
+def test_a_training_step_of_two_processes_holds_no_collective_of_kindlings_that_blocks(
+    tmp_path: Path,
+) -> None:
+    """Every default callback on: kindling adds no blocking collective, and none on the
+    training's group, to a step; its one vote (whether a rank was signalled) runs in the
+    background. A SIGTERM to one rank in step n still stops every rank by the end of step n + 1."""
+    (tmp_path / "count_collectives.py").write_text(textwrap.dedent(COUNT_COLLECTIVES))
+    result = train_py(
+        *TWO_CPUS, "data.batch_size=16", "trainer.max_epochs=3", "trainer.limit_train_batches=20",
+        "trainer.limit_val_batches=2", "trainer.limit_test_batches=2", "logger=csv",
+        "+callbacks.count._target_=count_collectives.CountCollectives",
+        f"+callbacks.count.folder={tmp_path}", "+callbacks.count.signal_rank_1_at_step=30",
+        cwd=tmp_path, module_dir=tmp_path,
+    )  # fmt: skip
+    output = result.stdout + result.stderr
+    assert result.returncode == 143, output[-3000:]
+    for rank in (0, 1):
+        steps = json.loads((tmp_path / str(rank)).read_text())
+        assert len(steps) >= 25, rank  # 19 in the first epoch, 10 in the second
+        blocking = [call for step in steps for call in step if call[1] or call[2]]
+        assert blocking == [], (rank, blocking[:5])
+        assert all(len(step) <= 1 for step in steps), (rank, steps)  # the vote, or nothing
+    (checkpoint,) = tmp_path.glob("logs/train/runs/*/checkpoints/last.ckpt")
+    assert torch.load(checkpoint, weights_only=True)["global_step"] in (31, 32)

@@ -9,6 +9,8 @@ import time
 from typing import Any
 
 import lightning as L
+import torch
+import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.trainer.states import TrainerFn
@@ -18,13 +20,53 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from kindling.internals import set_sigterm_received  # a private part of Lightning
 
 
+class RankVote:
+    """Whether any rank raised its flag, voted over a CPU (gloo) group of the ranks' own, so that
+    no vote waits for the device or joins the training's collectives. `late` hands in this
+    step's flag and returns the previous step's result: its all-reduce ran in the background
+    during the step, so no step waits for the others' hooks. `now` blocks: for the moments every
+    rank reaches together anyway (an epoch's end, validation's end)."""
+
+    def __init__(self) -> None:
+        self.group = dist.new_group(backend="gloo")  # every rank calls it, in the same order
+        self._pending: tuple[torch.Tensor, dist.Work] | None = None
+
+    def _start(self, flag: bool) -> tuple[torch.Tensor, dist.Work]:
+        votes = torch.tensor([int(flag)])
+        return votes, dist.all_reduce(votes, dist.ReduceOp.MAX, group=self.group, async_op=True)
+
+    def _result(self) -> bool:
+        if self._pending is None:
+            return False
+        (votes, work), self._pending = self._pending, None
+        work.wait()
+        return bool(votes.item())
+
+    def late(self, flag: bool) -> bool:
+        agreed = self._result()
+        if not agreed:  # every rank stops at this step's end: no further vote
+            self._pending = self._start(flag)
+        return agreed
+
+    def now(self, flag: bool) -> bool:
+        self._result()  # flags only ever rise: this vote's result includes the pending one's
+        votes, work = self._start(flag)
+        work.wait()
+        return bool(votes.item())
+
+    def close(self) -> None:
+        self._pending = None  # every rank started it, so it completes without anyone waiting
+        dist.destroy_process_group(self.group)
+
+
 class CheckpointOnInterrupt(Callback):
     """On SIGTERM, Ctrl-C (or SIGUSR1 in a SLURM job) during fit, write `filename` at the end of
     the step (SLURM: `hpc_ckpt_<n>.ckpt`, and SIGUSR1 requeues); the run exits with 128 + the
-    signal. The signal only raises a flag: at each step's end the ranks agree whether any was
-    signalled (Lightning's handler broadcasts inside the handler, which can deadlock them). A
-    second Ctrl-C stops at once; a signal in fit's validation waits for its end; a rank that goes
-    `exit_within_s` without ending a step once signalled (a dead peer) exits."""
+    signal. The signal only raises a flag (Lightning's handler broadcasts inside the handler,
+    which can deadlock the ranks). With several processes the ranks vote on it without blocking
+    (`RankVote`): a rank signalled during step n stops, with every other, at the end of step n + 1
+    at the latest. A second Ctrl-C stops at once; a signal in fit's validation waits for its end;
+    a rank that goes `exit_within_s` without ending a step once signalled (a dead peer) exits."""
 
     def __init__(self, filename: str = "last.ckpt", exit_within_s: float = 300.0):
         self.filename = filename
@@ -33,6 +75,11 @@ class CheckpointOnInterrupt(Callback):
         self._trainer: L.Trainer | None = None  # set once the handlers are in place
         self._ctrl_c_before: Any = None  # Ctrl-C's handler, put back at the first Ctrl-C
         self._deadline: float | None = None  # of the watchdog, once a signal came
+        self._vote: RankVote | None = None  # with several processes
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if trainer.world_size > 1 and dist.is_initialized():
+            self._vote = RankVote()
 
     # Lightning's handler is in place while a stage runs: taken over, with Ctrl-C unless ignored
     # and SIGUSR1 in a SLURM job. Lightning puts back every handler when the stage ends.
@@ -83,25 +130,36 @@ class CheckpointOnInterrupt(Callback):
                 return  # where os._exit is replaced (tests)
             time.sleep(min(max(deadline - time.monotonic(), 0), 1.0))
 
-    def _agree(self, trainer: L.Trainer, *args: Any) -> None:
-        """At a moment every rank reaches together: stop them all if any was signalled."""
+    def _agree(self, trainer: L.Trainer, *args: Any, late: bool = False) -> None:
+        """At a moment every rank reaches together: stop them all if any was signalled (`late`:
+        if any was by the previous such moment)."""
         if self._trainer is None:
             return
         if self._deadline is not None:
             self._deadline = time.monotonic() + self.exit_within_s  # this rank is moving
-        if trainer.strategy.reduce_boolean_decision(self.stopped_by is not None, all=False):
+        signalled = self.stopped_by is not None
+        if self._vote is not None:
+            signalled = (self._vote.late if late else self._vote.now)(signalled)
+        if signalled:
             set_sigterm_received(trainer, True)
 
-    on_train_batch_end = on_train_epoch_end = on_test_batch_end = _agree
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        self._agree(trainer, late=True)
+
+    on_test_batch_end = on_train_batch_end
+    on_train_epoch_end = _agree
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._deadline = None  # the stage ended; the process may go on (a multirun's next job)
+        if self._vote is not None:
+            self._vote.close()
+            self._vote = None
 
     # In fit, the ranks agree at the validation's end: a stop agreed before it is held till then
     # (Lightning would stop after this hook), and agreed again, as its signal is still there.
     def on_validation_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
         if trainer.state.fn != TrainerFn.FITTING:
-            self._agree(trainer)
+            self._agree(trainer, late=True)
         elif self._trainer is not None:
             set_sigterm_received(trainer, False)
 
