@@ -14,11 +14,11 @@ import lightning as L
 import pytest
 import torch
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import ModelSummary, ProgressBar
+from lightning.pytorch.callbacks import ModelCheckpoint, ModelSummary, ProgressBar
 from omegaconf import OmegaConf
 
 import kindling.train
-from kindling.config.instantiate import build
+from kindling.config.instantiate import build, instantiate_group
 from kindling.data.loaders import SplitDataModule
 from kindling.data.streaming import FORMAT, METADATA_FILE
 from kindling.errors import UserError
@@ -148,11 +148,22 @@ def test_ddp_config_uses_gpus_and_syncs_batch_norm(compose_config) -> None:
 def test_the_checkpoint_tested_may_be_the_last_epochs(compose_config) -> None:
     """`callbacks.model_checkpoint.monitor=null` tests the last epoch: Lightning refuses two
     ModelCheckpoints whose state keys (monitor, mode, intervals) are equal."""
-    cfg = compose_config("callbacks.model_checkpoint.monitor=null")
-    checkpoints = [instantiate(node) for node in cfg.callbacks.values()
-                   if node and node._target_.endswith("ModelCheckpoint")]  # fmt: skip
+    cfg = compose_config(
+        "callbacks.model_checkpoint.monitor=null", "callbacks.step_checkpoint.every_n_train_steps=4"
+    )
+    callbacks = instantiate_group(cfg.callbacks, "callbacks")
+    checkpoints = [callback for callback in callbacks if isinstance(callback, ModelCheckpoint)]
     assert len(checkpoints) == 3
     assert len({callback.state_key for callback in checkpoints}) == 3
+
+
+def test_step_checkpoints_are_a_callback_only_when_their_interval_is_set(compose_config) -> None:
+    """Lightning calls every callback's hooks at every step: one that would do nothing is not
+    built."""
+    for interval, expected in (("null", 2), ("0", 2), ("4", 3)):
+        cfg = compose_config(f"callbacks.step_checkpoint.every_n_train_steps={interval}")
+        callbacks = instantiate_group(cfg.callbacks, "callbacks")
+        assert sum(isinstance(c, ModelCheckpoint) for c in callbacks) == expected, interval
 
 
 def test_callbacks_and_loggers_are_named_entries(compose_config) -> None:

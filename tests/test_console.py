@@ -130,3 +130,22 @@ def test_the_console_is_short_ends_with_a_summary_and_train_log_keeps_it(tmp_pat
     log = (run_dir / "train.log").read_text()
     assert "`Trainer.fit` stopped: `max_epochs=2` reached." in log
     assert "Test: test/acc " in log and f"Config: {run_dir / CONFIG_TREE_FILE}" in log
+
+
+def test_the_progress_bar_takes_a_batch_at_most_refresh_rate_times_a_second(monkeypatch) -> None:
+    """Its per-step cost is bounded by its refresh: 1,000 batches in 1 s, at 10 a second, reach
+    Lightning's bar 10 times and once more at the last batch."""
+    from lightning.pytorch.callbacks import RichProgressBar
+
+    from kindling.callbacks import progress
+
+    clock = iter(i / 1000 for i in range(10_000))
+    monkeypatch.setattr(progress.time, "monotonic", lambda: next(clock))
+    passed: list[int] = []
+    monkeypatch.setattr(RichProgressBar, "on_train_batch_end", lambda *a: passed.append(a[-1]))
+    monkeypatch.setattr(progress.ThrottledRichProgressBar, "total_train_batches", 1000)
+    monkeypatch.setattr(progress.ThrottledRichProgressBar, "is_enabled", True)  # rank 0's
+    bar = progress.ThrottledRichProgressBar(refresh_rate=10)
+    for batch_idx in range(1000):
+        bar.on_train_batch_end(None, None, None, None, batch_idx)
+    assert len(passed) == 11 and passed[0] == 0 and passed[-1] == 999, passed

@@ -57,10 +57,11 @@ def build(node: DictConfig, key: str, **kwargs: Any) -> Any:
 
 
 def instantiate_group(group: DictConfig | None, key: str) -> list[Any]:
-    """Every entry of `{name: {_target_: ...}}` (callbacks, loggers) but the null ones."""
-    return [
-        build(entry, f"{key}.{name}") for name, entry in (group or {}).items() if entry is not None
-    ]
+    """Every entry of `{name: {_target_: ...}}` (callbacks, loggers) but the null ones, and
+    those whose target returns None (a switched-off callback, not built)."""
+    entries = {name: entry for name, entry in (group or {}).items() if entry is not None}
+    built = (build(entry, f"{key}.{name}") for name, entry in entries.items())
+    return [thing for thing in built if thing is not None]
 
 
 class ConfigFactory(functools.partial):
