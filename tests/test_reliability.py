@@ -289,7 +289,7 @@ def test_checkpoints_of_another_model_and_other_files_are_refused(
     for args, message in cases.items():
         caplog.clear()
         with pytest.raises(SystemExit) as stopped:
-            run(compose_config(*with_checkpoint_overrides(args.split())))
+            run(compose_config(*with_checkpoint_overrides(args.split(), CONFIG_DIR)))
         (error,) = error_lines(caplog)  # one message, no traceback
         assert stopped.value.code != 0 and message in error, error
 
@@ -346,8 +346,9 @@ def test_last_checkpoint_is_the_last_epoch_when_the_best_is_older(
     )  # fmt: skip
     run(cfg)
     checkpoints = Path(cfg.paths.output_dir) / "checkpoints"
-    last_epoch = torch.load(checkpoints / "last.ckpt", weights_only=True)["epoch"]
-    assert last_epoch == 3  # epochs completed, as Lightning counts them at the epoch's end
+    last = torch.load(checkpoints / "last.ckpt", weights_only=True)
+    # Saved at the third epoch's end: its training processed, as a resume reads it.
+    assert last["loops"]["fit_loop"]["epoch_progress"]["current"]["processed"] == 3
     assert sorted(path.name for path in checkpoints.glob("*.ckpt")) == [
         "epoch_000.ckpt",
         "last.ckpt",
