@@ -115,6 +115,29 @@ def test_an_interrupted_run_resumes_from_the_line_it_printed(
 
 
 @pytest.mark.slow
+def test_ckpt_path_last_refuses_a_finished_run_as_its_file_does(two_runs, tmp_path: Path) -> None:
+    """`last` brings the length its run was trained to, as `ckpt_path=<file>` does: a finished
+    run is not trained further under the default length."""
+    narrow, _ = copy_runs(two_runs, tmp_path)
+    before = folder_contents(narrow, but=UNCOMPARED)
+    last = narrow / "checkpoints" / "last.ckpt"
+    # `last` of this configuration (not the newest run's), the file alone, the file with the
+    # configuration it was trained with.
+    for args in (
+        ["ckpt_path=last", *NARROW],
+        [f"ckpt_path={last}"],
+        [f"ckpt_path={last}", *NARROW],
+    ):
+        result = train_py_here(*args, cwd=tmp_path)
+        output = result.stdout + result.stderr
+        assert result.returncode == 1, output[-3000:]
+        (line,) = [line for line in output.splitlines() if "has finished training" in line]
+        assert "narrow/checkpoints/last.ckpt has finished training" in line, line
+        assert "trainer.max_epochs=1" in line and "trainer.max_epochs=2" in line
+    assert folder_contents(narrow, but=UNCOMPARED) == before
+
+
+@pytest.mark.slow
 def test_ckpt_path_last_takes_the_run_of_this_commands_overrides(
     two_runs, compose_config, tmp_path: Path, caplog, monkeypatch
 ) -> None:

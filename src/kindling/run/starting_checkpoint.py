@@ -26,18 +26,41 @@ def of_checkpoint(path: str | Path) -> list[str] | None:
     return list(overrides) if isinstance(overrides, list) else None
 
 
-def with_checkpoint_overrides(args: Sequence[str]) -> list[str]:
-    """`train.py`'s arguments, with the overrides stored in the checkpoint `ckpt_path=<file>` in
-    front when the command configures nothing itself (but the length, train/test or Hydra's
-    keys, which win)."""
+def with_checkpoint_overrides(args: Sequence[str], config_dir: Path) -> list[str]:
+    """`train.py`'s arguments, with the overrides stored in the checkpoint (`ckpt_path=<file>`,
+    or `last`: the file it names) in front, where the command configures nothing itself or the
+    same as the checkpoint (but the length, train/test or Hydra's keys, which win): a finished
+    run stays finished however it is named."""
     given = [a for a in args if not a.startswith("-")]
     ckpt_path = next((a.partition("=")[2] for a in reversed(given) if key(a) == "ckpt_path"), "")
-    own = [a for a in run_overrides(given) if key(a) not in LENGTH]
-    stored = None
-    if ckpt_path not in ("", "last", "null") and not own:
-        stored = of_checkpoint(ckpt_path)
+    if ckpt_path == "last":
+        ckpt_path = str(last_of_command(given, config_dir) or "")
+    stored = of_checkpoint(ckpt_path) if ckpt_path not in ("", "null") else None
+    if stored is None or configuration(given) not in ([], configuration(stored)):
+        return list(args)
     given_keys = {key(a) for a in given}
-    return [*(o for o in stored or () if key(o) not in given_keys), *args]
+    return [*(o for o in stored if key(o) not in given_keys), *args]
+
+
+def configuration(overrides: Sequence[str]) -> list[str]:
+    """What the overrides configure, in any order: all but the run's length."""
+    return sorted(o for o in run_overrides(overrides) if key(o) not in LENGTH)
+
+
+def last_of_command(overrides: Sequence[str], config_dir: Path) -> Path | None:
+    """The file `ckpt_path=last` names for `train.py <overrides>`; None where there is none
+    (the run's checks say why)."""
+    from hydra import compose, initialize_config_dir
+
+    task = [o for o in overrides if not key(o).startswith("hydra.")]
+    try:
+        with initialize_config_dir(str(config_dir.resolve()), version_base="1.3"):
+            root = compose("train", task)
+        runs_dir = Path(root.paths.log_dir, root.task_name, "runs")
+        checkpoint = resolve_checkpoint("last", runs_dir, task)
+    except Exception:  # the run composes it again, and says what is wrong
+        return None
+    return checkpoint if isinstance(checkpoint, Path) else None
 
 
 def resolve_checkpoint(
@@ -58,10 +81,6 @@ def resolve_checkpoint(
         )
     if overrides is None:
         return candidates[-1]
-
-    def configuration(overrides: Sequence[str]) -> list[str]:  # in any order, but the length
-        return sorted(o for o in run_overrides(overrides) if key(o) not in LENGTH)
-
     others = []
     for last in reversed(candidates):
         stored = of_checkpoint(last)
