@@ -158,3 +158,23 @@ def test_a_folder_without_jobs_is_refused_in_one_line(tmp_path: Path, caplog) ->
     assert stopped.value.code == 1
     (line,) = error_lines(caplog)
     assert "has no job folders" in line, line
+
+
+@pytest.mark.parametrize("damaged", [".hydra/overrides.yaml", "job.yaml", ".hydra/config.yaml"])
+def test_a_damaged_record_file_is_named_in_one_line_and_the_rest_reported(
+    tmp_path: Path, capsys, damaged: str
+) -> None:
+    sweep = tmp_path / "sweep"
+    for number, seed in enumerate(range(3)):
+        write_job(sweep, number, ["model=cnn", f"seed={seed}"], results={"val/acc_best": 0.9})
+    (sweep / "0" / damaged).write_text("status: [completed\n")  # a cut-off or edited file
+    main([str(sweep)])
+    output = capsys.readouterr().out
+    lines = [line for line in output.splitlines() if "not valid YAML" in line]
+    if damaged == ".hydra/config.yaml":  # only where the metric's name is read: the others say it
+        assert lines == [] and "| model=cnn | 3/3 | 0.9000 ± 0.0000 |" in output, output
+        return
+    assert lines == [
+        f"{sweep / '0' / damaged} is not valid YAML at line 2: job 0 is left out of the report."
+    ]
+    assert "| model=cnn | 2/2 | 0.9000 ± 0.0000 |" in output, output

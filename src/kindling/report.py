@@ -43,10 +43,23 @@ class Report:
     jobs: list[Job]
     configurations: dict[tuple[str, ...], list[Job]]  # the overrides less REPEAT_KEYS, best first
     metrics: list[str]  # the optimized metric, then every test metric
+    damaged: list[str]  # one line per record file that could not be read, and what it left out
+
+
+class DamagedRecord(Exception):
+    """A record file of a job that is not valid YAML (a full disk, a hand edit)."""
 
 
 def read_yaml(path: Path) -> Any:
-    return yaml.safe_load(path.read_text()) if path.is_file() else None
+    """The file's YAML; None where there is no file."""
+    if not path.is_file():
+        return None
+    try:
+        return yaml.safe_load(path.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError) as error:
+        where = getattr(error, "problem_mark", None)
+        at = f" at line {where.line + 1}" if where else ""
+        raise DamagedRecord(f"{path} is not valid YAML{at}") from error
 
 
 def read_job(folder: Path) -> Job:
@@ -65,9 +78,12 @@ def optimized_metric(folders: Sequence[Path]) -> tuple[str | None, bool]:
     """The jobs' optimized metric, and whether higher is better: as an Optuna sweep says
     (hydra.sweeper.direction), else lower for a loss, error or perplexity, higher for the rest."""
     for folder in folders:
-        metric = (read_yaml(folder / ".hydra" / "config.yaml") or {}).get("optimized_metric")
-        if metric:
+        try:
+            metric = (read_yaml(folder / ".hydra" / "config.yaml") or {}).get("optimized_metric")
             hydra = (read_yaml(folder / ".hydra" / "hydra.yaml") or {}).get("hydra", {})
+        except DamagedRecord:  # the next job's say the same
+            continue
+        if metric:
             direction = (hydra.get("sweeper") or {}).get("direction")
             if direction is None:
                 lower = any(word in metric.lower() for word in ("loss", "err", "ppl", "perplex"))
@@ -94,7 +110,14 @@ def build_report(*sweep_dirs: str | Path) -> Report:
                 "folder of a multirun, logs/<task>/multiruns/<date>_<time>."
             )
         folders += sorted(found, key=lambda p: (len(p.name), p.name))  # job 2 before job 10
-    jobs = [read_job(folder) for folder in folders]
+    jobs, damaged = [], []
+    for folder in folders:
+        try:
+            jobs.append(read_job(folder))
+        except DamagedRecord as error:
+            damaged.append(f"{error}: job {folder.name} is left out of the report.")
+    if not jobs:
+        raise UserError(f"No job of {sweep_dirs[0]} could be read: {damaged[0]}")
     metric, maximize = optimized_metric(folders)
     tests = sorted({name for job in jobs for name in job.metrics if name.startswith("test/")})
     configurations: dict[tuple[str, ...], list[Job]] = {}
@@ -109,7 +132,7 @@ def build_report(*sweep_dirs: str | Path) -> Report:
 
     ranked = dict(sorted(configurations.items(), key=rank))  # ties keep their first job's order
     metrics = [metric, *tests] if metric else tests
-    return Report(Path(sweep_dirs[0]), metric, maximize, jobs, ranked, metrics)
+    return Report(Path(sweep_dirs[0]), metric, maximize, jobs, ranked, metrics, damaged)
 
 
 def varying(among: Sequence[Sequence[str]]) -> set[str]:
@@ -246,7 +269,9 @@ def write_report(*sweep_dirs: str | Path) -> str:
     written = ["jobs.csv", "configurations.csv", MARKDOWN]
     if plot(report, report.sweep_dir / "report.png"):
         written.append("report.png")
-    return f"{text}\nWritten to {report.sweep_dir}: {', '.join(written)}"
+    return "\n".join(
+        [text, *report.damaged, f"Written to {report.sweep_dir}: {', '.join(written)}"]
+    )
 
 
 @dataclass
