@@ -14,7 +14,7 @@ import lightning as L
 import pytest
 import torch
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import ModelCheckpoint, ModelSummary, ProgressBar
+from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint, ModelSummary, ProgressBar
 from omegaconf import OmegaConf
 
 import kindling.train
@@ -164,6 +164,28 @@ def test_step_checkpoints_are_a_callback_only_when_their_interval_is_set(compose
         cfg = compose_config(f"callbacks.step_checkpoint.every_n_train_steps={interval}")
         callbacks = instantiate_group(cfg.callbacks, "callbacks")
         assert sum(isinstance(c, ModelCheckpoint) for c in callbacks) == expected, interval
+
+
+def test_every_run_keeps_its_guarantees_whatever_its_callbacks(compose_config) -> None:
+    """Exact resume and the checkpoint on interrupt are the run's, not the callbacks group's:
+    `callbacks=none` keeps them, the interrupt's last but for checkpoints (it holds back a signal
+    that other callbacks' validation hooks saw)."""
+    from kindling.callbacks.interrupt import CheckpointOnInterrupt
+    from kindling.callbacks.resume import ResumeExactly
+
+    for callbacks in ("default", "none"):
+        cfg = compose_config(f"callbacks={callbacks}", "interrupt.exit_within_s=7")
+        trainer = kindling.train.build_trainer(cfg, {"run": "provenance"})
+        # Of the callbacks build_trainer gives (Lightning puts checkpoint callbacks after all
+        # others, and adds a progress bar and a summary where none is given).
+        given = [c for c in trainer.callbacks if not isinstance(c, Checkpoint | ProgressBar)]
+        resume, interrupt = [c for c in given if not isinstance(c, ModelSummary)][-2:]
+        assert isinstance(resume, ResumeExactly) and isinstance(interrupt, CheckpointOnInterrupt)
+        assert resume.config["seed"] == cfg.seed and resume.provenance == {"run": "provenance"}
+        assert interrupt.exit_within_s == 7
+    cfg = compose_config("interrupt=null")
+    trainer = kindling.train.build_trainer(cfg, {})
+    assert not any(isinstance(c, CheckpointOnInterrupt) for c in trainer.callbacks)
 
 
 def test_callbacks_and_loggers_are_named_entries(compose_config) -> None:

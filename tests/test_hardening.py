@@ -448,7 +448,7 @@ def test_a_signal_at_any_moment_ends_every_rank_of_a_two_process_run(tmp_path: P
         args = [
             *TWO_CPUS, "debug=limit", "trainer.max_epochs=4", "test=false", "logger=none",
             *QUIET, "callbacks.plots=null", "callbacks.device_report=null",
-            "callbacks.checkpoint_on_interrupt.exit_within_s=10", f"hydra.run.dir=run{number}",
+            "interrupt.exit_within_s=10", f"hydra.run.dir=run{number}",
             "+callbacks.signal_at._target_=signal_at.SignalAt",
             f"+callbacks.signal_at.pid_dir={pid_dir}",
             *(f"+callbacks.signal_at.{arg}" for arg in hook_args),

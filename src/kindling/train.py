@@ -27,7 +27,6 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from kindling import train_checks as checks
-from kindling.callbacks.interrupt import CheckpointOnInterrupt
 from kindling.callbacks.resume import ResumeExactly
 from kindling.config import resolvers  # noqa: F401 - importing registers the resolvers
 from kindling.config.config_tree import print_config_tree
@@ -204,10 +203,6 @@ def build_trainer(
             cfg.trainer.benchmark = bool(fixed and not cfg.trainer.get("deterministic"))
     callbacks = [*instantiate_group(cfg.get("callbacks"), "callbacks"), *extra_callbacks]
     loggers = instantiate_group(cfg.get("logger"), "logger")
-    for callback in callbacks:
-        if isinstance(callback, ResumeExactly):  # the run's record: no YAML value holds it
-            callback.config = OmegaConf.to_container(cfg, resolve=True)
-            callback.provenance = run_provenance
     # `trainer.enable_progress_bar=false` and the like drop their callbacks, which Lightning would
     # refuse (or run anyway); LearningRateMonitor refuses to run without a logger.
     switches = {"enable_progress_bar": ProgressBar, "enable_model_summary": ModelSummary}
@@ -215,8 +210,12 @@ def build_trainer(
     dropped = tuple(kind for flag, kind in switches.items() if cfg.trainer.get(flag) is False)
     dropped += () if loggers else (LearningRateMonitor,)
     callbacks = [c for c in callbacks if not isinstance(c, dropped)]
-    # Last: it holds back a SIGTERM that arrived during any other callback's validation hooks.
-    callbacks.sort(key=lambda callback: isinstance(callback, CheckpointOnInterrupt))
+    # The run's guarantees, whatever its callbacks: self-contained checkpoints and exact resumes
+    # (the run's record, which no YAML value holds), and a checkpoint on SIGTERM or Ctrl-C, last
+    # as it holds back a signal that arrived during any other callback's validation hooks.
+    callbacks.append(ResumeExactly(OmegaConf.to_container(cfg, resolve=True), run_provenance))
+    if cfg.get("interrupt") is not None:
+        callbacks.append(build(cfg.interrupt, "interrupt"))
     trainer = build(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False)
     if trainer.world_size > 1 and HydraConfig.initialized():
         # Lightning starts the extra ranks: as runs of this job (a private part of Lightning).
@@ -233,7 +232,7 @@ def _check(cfg: DictConfig) -> str | None:
     checks.check_seed(cfg.get("seed"))
     # Every object's config against its target's signature, before anything is built (the
     # model's once the data has filled in what only it knows: fill_in_from_data).
-    for group in ("data", "callbacks", "logger", "trainer"):
+    for group in ("data", "callbacks", "logger", "trainer", "interrupt"):
         check_arguments(cfg.get(group), group)
     checks.check_accelerator(cfg.trainer)
     if run_folder.launched():

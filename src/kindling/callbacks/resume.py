@@ -2,7 +2,7 @@
 on as if it had never stopped."""
 
 import random
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import lightning as L
 import numpy as np
@@ -37,6 +37,18 @@ def set_rng_states(states: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(states["cuda"][0])
 
 
+@runtime_checkable
+class KeepsRecord(Protocol):
+    """A logger whose record a resumed fit continues (kindling.loggers.resumable_csv)."""
+
+    def save_before_checkpoint(self, to_come: tuple[dict[str, float], int] | None) -> None:
+        """Put every row a checkpoint covers on disk before it; `to_come`: the epoch's end row
+        Lightning logs after the checkpoint, with its step."""
+
+    def continue_after(self, epoch: int, step: int) -> None:
+        """Keep the rows up to a resumed checkpoint's epoch and step, and go on from there."""
+
+
 class ResumeExactly(Callback):
     """Beyond the weights and loops Lightning saves:
 
@@ -45,9 +57,11 @@ class ResumeExactly(Callback):
     - the training loader gets the checkpoint's position at the start of training (Lightning
       gives it only to a loader made after the checkpoint is loaded, and the schedulers make it
       before); a DataLoader with another worker count gets its sampler's;
-    - a logger that keeps a record (`ResumableCSVLogger`) is told where a resumed fit continues,
-      and puts the rows a checkpoint covers on disk before it, the epoch's train row too, which
+    - a logger that keeps a record (`KeepsRecord`) is told where a resumed fit continues, and
+      puts the rows a checkpoint covers on disk before it, the epoch's train row too, which
       Lightning logs only after the checkpoint.
+
+    Every run has it (`kindling.train.build_trainer` adds it, whatever the callbacks config).
     """
 
     def __init__(self, config: dict | None = None, provenance: dict | None = None) -> None:
@@ -65,7 +79,7 @@ class ResumeExactly(Callback):
         for key in ("config", "provenance"):
             if getattr(self, key) is not None:
                 checkpoint[key] = getattr(self, key)
-        loggers = [lg for lg in trainer.loggers if hasattr(lg, "save_before_checkpoint")]
+        loggers = [logger for logger in trainer.loggers if isinstance(logger, KeepsRecord)]
         if loggers:
             to_come = epoch_end_row(trainer)  # on every rank: its values may be reduced
             for logger in loggers:
@@ -77,7 +91,7 @@ class ResumeExactly(Callback):
         self._loader_states = fit_loop.get("state_dict", {}).pop("combined_loader", [])
         if trainer.state.fn == TrainerFn.FITTING:  # not a test of the best checkpoint
             for logger in trainer.loggers:
-                if hasattr(logger, "continue_after"):
+                if isinstance(logger, KeepsRecord):
                     logger.continue_after(checkpoint["epoch"], checkpoint["global_step"])
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
