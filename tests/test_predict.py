@@ -3,6 +3,7 @@ set split, to CSV."""
 
 import logging
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -92,6 +93,15 @@ def test_a_corrupt_file_is_named_and_the_others_predicted(
     assert [Path(r["file"]).name for r in rows] == [f"digit_{i}.png" for i in range(5)]
     assert f"Skipped {folder / 'corrupt.png'}" in caplog.text
     assert "1 of 6 files could not be decoded" in caplog.text
+
+
+def test_predictions_go_to_the_checkpoints_run_folder_by_default(trained_run, tmp_path) -> None:
+    """Not into the folder predict runs in: a clone stays clean."""
+    run = tmp_path / "run"
+    shutil.copytree(trained_run.run_dir / "checkpoints", run / "checkpoints")
+    output = predict(PredictArgs(ckpt_path=str(run / "checkpoints" / "last.ckpt"), input="val"))
+    assert output == run / "predictions.csv" and len(read_csv(output)) > 0
+    assert [p.name for p in Path.cwd().glob("predictions.csv")] == []
 
 
 def test_predicts_a_data_set_split(checkpoint: Path, tmp_path: Path) -> None:

@@ -4,7 +4,8 @@ checkpoint alone (docs/resume.md, *Predict*).
     python -m kindling.predict ckpt_path=<file> input=<folder | table | test | val> [devices=N]
 
 One CSV row per image (`file,class,probability`, in the folder's sorted order) or per sequence
-(`id,class,probability`, in the order the ids first appear). The checkpoint's data config builds
+(`id,class,probability`, in the order the ids first appear), written to `output=` or to the
+checkpoint's run folder. The checkpoint's data config builds
 the data module, whose `predict_dataloader` serves `input` (kindling.data.loaders.SplitDataModule)
 as training read its data, with the checkpoint's statistics; `trainer.predict` places the work.
 """
@@ -21,7 +22,7 @@ from lightning.pytorch.callbacks import BasePredictionWriter
 from kindling import cli
 from kindling.data.loaders import PREDICT_SPLITS
 from kindling.errors import UserError
-from kindling.files import probe_writable
+from kindling.files import is_url, probe_writable
 from kindling.hardware import best_precision
 from kindling.loading import data_state, load_module
 
@@ -32,7 +33,9 @@ log = logging.getLogger("kindling")
 class PredictArgs:
     ckpt_path: str  # a checkpoint written by train.py
     input: str  # a folder of image files, a table of sequences, or a split: test | val
-    output: str = "predictions.csv"
+    # The CSV to write; null: predictions.csv in the checkpoint's run folder (here, for a
+    # checkpoint outside one), so that a clone stays clean.
+    output: str | None = None
     overwrite: bool = False  # replace an output file that is not a CSV of predictions
     batch_size: int = 256
     num_workers: int | None = None  # loader processes; null: the data config's
@@ -42,7 +45,7 @@ class PredictArgs:
 
 USAGE = (
     "python -m kindling.predict ckpt_path=<file> input=<folder | table | test | val> "
-    "output=<csv> [devices=N] [overwrite=true]"
+    "[output=<csv>] [devices=N] [overwrite=true]"
 )
 # The first line of the CSV predict writes, for images and for sequences.
 CSV_HEADERS = (b"file,class,probability", b"id,class,probability")
@@ -83,6 +86,14 @@ class CollectRows(BasePredictionWriter):
             self.unreadable = [index for _, unreadable in parts for index in unreadable]
 
 
+def default_output(ckpt_path: str) -> str:
+    """`<run>/predictions.csv` for `<run>/checkpoints/<file>.ckpt`; else `predictions.csv`."""
+    checkpoint = Path(ckpt_path)
+    if is_url(ckpt_path) or checkpoint.parent.name != "checkpoints":
+        return "predictions.csv"
+    return str(checkpoint.parent.parent / "predictions.csv")
+
+
 def check_output(args: PredictArgs) -> Path:
     """Refuse, before any work, an `output=` that writing would destroy or cannot write."""
     output = Path(args.output)
@@ -118,6 +129,7 @@ def _is_predictions(path: Path) -> bool:
 
 
 def predict(args: PredictArgs) -> Path:
+    args.output = args.output or default_output(args.ckpt_path)
     output = check_output(args)
     module, checkpoint = load_module(args.ckpt_path)
     data_cfg, state = data_state(checkpoint, args.ckpt_path)
