@@ -106,14 +106,15 @@ def cpu_name() -> str:
 
 
 def compose_kindling(
-    model: str, accelerator: str, epochs: int, tmp: Path, overrides: tuple[str, ...] = ()
-):
+    model: str, accelerator: str, epochs: int, tmp: Path, overrides: tuple[str, ...] = (),
+    data: str = "mnist",
+):  # fmt: skip
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
         cfg = compose(
             "train",
             [f"model={model}", f"trainer.accelerator={accelerator}", f"trainer.max_epochs={epochs}",
-             "data=mnist", *overrides],
+             f"data={data}", *overrides],
             return_hydra_config=True,
         )  # fmt: skip
     GlobalHydra.instance().clear()
