@@ -531,6 +531,34 @@ def test_a_sigterm_between_stages_ends_the_run_with_143_and_says_so(tmp_path: Pa
     assert "Test metric" not in output  # it stopped there
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("hook", "step"), [("on_train_batch_start", 4), ("on_validation_batch_start", 5)],
+    ids=["in the last step", "in the last validation"],
+)  # fmt: skip
+def test_ctrl_c_as_training_ends_saves_the_finished_training_and_does_not_test(
+    tmp_path: Path, hook: str, step: int
+) -> None:
+    """Not a resume line (a resume would be refused: nothing is left to train), nor a test."""
+    (tmp_path / "signal_at.py").write_text(textwrap.dedent(SIGNAL_AT))
+    (tmp_path / "pids").mkdir()
+    # A one-epoch run of 5 steps.
+    process = start_train_py(
+        "trainer=cpu", "debug=limit", "trainer.max_epochs=1", *QUIET,
+        "+callbacks.signal_at._target_=signal_at.SignalAt",
+        f"+callbacks.signal_at.hook={hook}", f"+callbacks.signal_at.step={step}",
+        "+callbacks.signal_at.sig=SIGINT", f"+callbacks.signal_at.pid_dir={tmp_path / 'pids'}",
+        cwd=tmp_path, module_dir=tmp_path, ctrl_c=True,
+    )  # fmt: skip
+    output = process.communicate(timeout=300)[0]
+    assert process.returncode == 130, output[-3000:]
+    assert "Stopped by Ctrl-C as training ended: it is complete" in output, output[-3000:]
+    assert "Test it with: python train.py train=false ckpt_path=" in output
+    assert "Resume with" not in output and "Test metric" not in output
+    (checkpoint,) = tmp_path.glob("logs/debug/runs/*/checkpoints/last.ckpt")
+    assert torch.load(checkpoint, weights_only=True)["global_step"] == 5
+
+
 STALL_AT = """
 import time
 from pathlib import Path

@@ -27,6 +27,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from kindling import train_checks as checks
+from kindling.callbacks.interrupt import CheckpointOnInterrupt
 from kindling.callbacks.resume import ResumeExactly
 from kindling.config import resolvers  # noqa: F401 - importing registers the resolvers
 from kindling.config.config_tree import print_config_tree
@@ -88,6 +89,15 @@ def run(cfg: DictConfig) -> float | None:
             signal.signal(signal.SIGTERM, previous_handler)
 
 
+def _stopped_as_training_ended(trainer: L.Trainer) -> None:
+    """A signal in the last step: CheckpointOnInterrupt saved the complete training and said
+    so; the run ends there, untested, with 128 + the signal."""
+    signals = [c.stopped_by for c in trainer.callbacks if isinstance(c, CheckpointOnInterrupt)]
+    stop = SIGTERMException()
+    stop.code = 128 + next((signum for signum in signals if signum), signal.SIGTERM)
+    raise stop
+
+
 def _exit_on_sigterm() -> Any:
     """SIGTERM outside a stage (where CheckpointOnInterrupt stops at a step's end) exits at once
     with 143, saying so. Returns the handler it replaced."""
@@ -143,6 +153,8 @@ def train_and_test(cfg: DictConfig) -> float | None:
     try:
         if cfg.get("train"):
             trainer.fit(model=model, datamodule=datamodule, ckpt_path=checkpoint)
+            if trainer.received_sigterm:  # agreed in the last step: training ended all the same
+                _stopped_as_training_ended(trainer)
         metrics = dict(trainer.callback_metrics)
         tested = None
         if cfg.get("test"):

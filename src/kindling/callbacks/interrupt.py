@@ -20,6 +20,14 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from kindling.internals import set_sigterm_received  # a private part of Lightning
 
 
+def finished(trainer: L.Trainer) -> bool:
+    """Whether the fit has trained its whole length (`max_epochs` or `max_steps`)."""
+    epochs, steps = trainer.max_epochs, trainer.max_steps
+    return (epochs not in (None, -1) and trainer.current_epoch >= epochs) or (
+        steps not in (None, -1) and trainer.global_step >= steps
+    )
+
+
 class RankVote:
     """Whether any rank raised its flag, voted over a CPU (gloo) group of the ranks' own, so that
     no vote waits for the device or joins the training's collectives. `late` hands in this
@@ -167,6 +175,29 @@ class CheckpointOnInterrupt(Callback):
         if trainer.state.fn == TrainerFn.FITTING:
             self._agree(trainer)
 
+    def _last_checkpoint(self, trainer: L.Trainer) -> str:
+        folder = getattr(trainer.checkpoint_callback, "dirpath", None)
+        folder = folder or os.path.join(trainer.default_root_dir, "checkpoints")
+        return os.path.join(folder, self.filename)  # Path would turn s3:// into s3:/
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """A signal agreed as the last epoch ended: the training ended all the same, and is saved
+        here (`kindling.train` then stops before testing, with 128 + the signal)."""
+        if self._trainer is None or self.stopped_by is None or not trainer.received_sigterm:
+            return
+        path = self._last_checkpoint(trainer)
+        trainer.save_checkpoint(path)
+        self._deadline = None
+        self._say_complete(trainer, path)
+
+    def _say_complete(self, trainer: L.Trainer, path: str) -> None:
+        name = "Ctrl-C" if self.stopped_by == signal.SIGINT else self.stopped_by.name
+        rank_zero_info(
+            f"Stopped by {name} as training ended: it is complete (checkpoint: {path}), and the "
+            f"test was not run. Test it with: python train.py train=false "
+            f"{shlex.quote(f'ckpt_path={path}')}"
+        )
+
     def on_exception(self, trainer: L.Trainer, pl_module: Any, exception: BaseException) -> None:
         # Anything else (a second Ctrl-C, an error) may have landed mid-step: nothing is saved.
         if not isinstance(exception, SIGTERMException):
@@ -182,15 +213,16 @@ class CheckpointOnInterrupt(Callback):
 
             path = next_hpc_checkpoint(trainer.default_root_dir)
         else:
-            folder = getattr(trainer.checkpoint_callback, "dirpath", None)
-            folder = folder or os.path.join(trainer.default_root_dir, "checkpoints")
-            path = os.path.join(folder, self.filename)  # Path would turn s3:// into s3:/
+            path = self._last_checkpoint(trainer)
         trainer.save_checkpoint(path)
         self._deadline = None  # saved: the run ends as it should
         if on_slurm:
             # SIGTERM comes from SLURM itself (scontrol requeue requeues; scancel does not).
             if self.stopped_by == signal.SIGUSR1 and trainer.is_global_zero:
                 requeue(path)
+            return
+        if finished(trainer):  # a resume would be refused: nothing is left to train
+            self._say_complete(trainer, path)
             return
         rank_zero_info(
             f"Interrupted at epoch {trainer.current_epoch}, step {trainer.global_step}. "
