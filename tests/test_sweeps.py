@@ -29,6 +29,7 @@ from kindling.optuna_sweep import (
     fail_interrupted_trials,
     open_storage,
     parse_search_space,
+    retrain_command,
 )
 from kindling.train import run
 
@@ -356,3 +357,19 @@ def test_a_ddp_trial_is_pruned_on_every_rank(tmp_path: Path) -> None:
     # left (gloo's "Connection closed by peer"; NCCL would hang). It ran no sweep of its own.
     assert "Traceback" not in output and "RuntimeError" not in output, output[-4000:]
     assert output.count("Launching 1 jobs locally") == 1
+
+
+def test_the_retrain_line_is_the_best_trials_own_command(tmp_path: Path) -> None:
+    """A study continued by a command with other fixed overrides (trainer.max_epochs=3 now, 2
+    when the best trial ran) retrains the trial as it ran; without its folder, as this sweep
+    would run it."""
+    run_dir = tmp_path / "4"
+    (run_dir / ".hydra").mkdir(parents=True)
+    ran_with = ["hparams_search=optuna", "trainer.max_epochs=2", "model.optimizer.lr=0.01"]
+    (run_dir / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(ran_with))
+    best = {"params": {"model.optimizer.lr": 0.01}, "run_dir": str(run_dir)}
+    now = ["hparams_search=optuna", "trainer.max_epochs=3"]
+    expected = "python train.py trainer.max_epochs=2 model.optimizer.lr=0.01"
+    assert retrain_command(best, now) == expected
+    gone = {**best, "run_dir": str(tmp_path / "moved")}
+    assert retrain_command(gone, now) == expected.replace("epochs=2", "epochs=3")

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+import yaml
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override, Transformer
 from hydra.core.plugins import Plugins
@@ -166,13 +167,7 @@ class OptunaSweep:
             log.warning("No trial of study %r has completed: no best trial.", study.study_name)
             return
         best = trial_summary(study.best_trial)
-        # Retrain it: the sweep's own overrides, without the search and the launcher (a single
-        # run has neither: Hydra refuses their keys), and the best parameters.
-        search = ("hparams_search", "hydra/sweeper", "hydra.sweeper.", "hydra/launcher",
-                  "hydra.launcher.")  # fmt: skip
-        kept = [o for o in fixed if not o.lstrip("+~").startswith(search)]
-        params = [f"{name}={value}" for name, value in best["params"].items()]
-        best["train_command"] = shlex.join(["python", "train.py", *kept, *params])
+        best["train_command"] = retrain_command(best, fixed)
         best["study_name"] = study.study_name
         best["storage"] = str(self.storage)
         for folder in (Path(self.config.hydra.sweep.dir), Path(self.study_dir)):
@@ -272,6 +267,25 @@ def counted_trials(study: optuna.Study) -> int:
     """Trials that count toward `n_trials`: finished or running, not those cut off."""
     trials = study.get_trials(deepcopy=False)
     return sum(t.state != TrialState.WAITING and not t.user_attrs.get(INTERRUPTED) for t in trials)
+
+
+def retrain_command(best: dict[str, Any], fixed: list[str]) -> str:
+    """`python train.py` with the overrides the best trial ran with (its run folder's: a study
+    continued by another command keeps its trials' own), without the search and the launcher (a
+    single run has neither: Hydra refuses their keys). Where its folder is gone: this sweep's
+    own overrides and the trial's parameters."""
+    params = [f"{name}={value}" for name, value in best["params"].items()]
+    ran_with = Path(best.get(RUN_DIR) or "", ".hydra", "overrides.yaml")
+    try:
+        overrides = yaml.safe_load(ran_with.read_text()) if best.get(RUN_DIR) else None
+    except (OSError, yaml.YAMLError):
+        overrides = None
+    if not isinstance(overrides, list):
+        overrides = [*fixed, *params]
+    search = ("hparams_search", "hydra/sweeper", "hydra.sweeper.", "hydra/launcher",
+              "hydra.launcher.")  # fmt: skip
+    kept = [o for o in overrides if not o.lstrip("+~").startswith(search)]
+    return shlex.join(["python", "train.py", *kept])
 
 
 def trial_summary(trial: FrozenTrial) -> dict[str, Any]:
