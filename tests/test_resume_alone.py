@@ -16,13 +16,18 @@ from omegaconf import open_dict
 import kindling.train
 
 from helpers import (
+    COLOURS,
     QUIET,
     compose_in,
     error_lines,
     folder_contents,
     in_folder,
     made_once,
+    make_folder,
+    pattern_rows,
     train_py_here,
+    write_image,
+    write_table,
 )
 
 # Short epochs, no pictures; the net's shapes differ from the default's (channels [32, 64]).
@@ -194,3 +199,67 @@ def test_a_checkpoint_that_does_not_fit_the_model_is_refused_in_one_line(
     assert "Traceback" not in output and "size mismatch" not in output
     # No .hydra/resumed_*, no csv/hparams_resumed_*.
     assert folder_contents(narrow, but=UNCOMPARED) == before
+
+
+@pytest.mark.slow
+def test_a_resume_on_changed_data_is_refused_in_one_line(
+    compose_config, tmp_path: Path, caplog
+) -> None:
+    """Rows removed, rows added, a label changed: each refused, naming the split that changed;
+    the data it trained on resumes."""
+    rows = pattern_rows(120, seed=0)
+    table = tmp_path / "table.csv"
+    common = [
+        "data=sequences", f"data.path={table}", "data.batch_size=16", "model=temporal_conv",
+        "trainer=cpu", "test=false", "callbacks.plots=null", *QUIET,
+    ]  # fmt: skip
+    write_table(rows, table)
+    first = compose_config(*common, "trainer.max_epochs=1")
+    kindling.train.run(first)
+    last = Path(first.paths.output_dir) / "checkpoints" / "last.ckpt"
+    ids = sorted({row["id"] for row in rows})
+    relabelled = next(row for row in rows if row["id"] == ids[0])["label"]
+    changed = {
+        "rows removed": [row for row in rows if row["id"] not in ids[:40]],
+        "rows added": rows
+        + [{**row, "id": f"new{row['id']}"} for row in rows if row["id"] in ids[:9]],
+        "a label changed": [
+            {**row, "label": "flat" if relabelled != "flat" else "up"}
+            if row["id"] == ids[0]
+            else row
+            for row in rows
+        ],
+    }
+    for case, changed_rows in changed.items():
+        write_table(changed_rows, table)
+        caplog.clear()
+        with pytest.raises(SystemExit):
+            kindling.train.run(compose_config(*common, "trainer.max_epochs=2", f"ckpt_path={last}"))
+        (line,) = error_lines(caplog)
+        assert line.startswith(f"{last} was trained on other data: its "), (case, line)
+        assert "split" in line and "Train a new run on this data" in line, (case, line)
+    write_table(rows, table)
+    assert (
+        kindling.train.run(compose_config(*common, "trainer.max_epochs=2", f"ckpt_path={last}"))
+        is not None
+    )
+
+
+@pytest.mark.slow
+def test_a_resume_after_an_image_was_replaced_is_refused(
+    compose_config, tmp_path: Path, caplog
+) -> None:
+    root = make_folder(tmp_path / "images", per_class=8)
+    common = [
+        "data=image_folder", f"data.path={root}", "data.image_size=8", "data.batch_size=8",
+        "data.num_workers=0", "trainer=cpu", "test=false", "callbacks.plots=null", *QUIET,
+    ]  # fmt: skip
+    first = compose_config(*common, "trainer.max_epochs=1")
+    kindling.train.run(first)
+    last = Path(first.paths.output_dir) / "checkpoints" / "last.ckpt"
+    write_image(root / "red" / "3.png", COLOURS["blue"], size=(14, 9), seed=3)  # a blue one
+    with pytest.raises(SystemExit):
+        kindling.train.run(compose_config(*common, "trainer.max_epochs=2", f"ckpt_path={last}"))
+    (line,) = error_lines(caplog)
+    assert line.startswith(f"{last} was trained on other data: its "), line
+    assert "holds other samples (as many, " in line, line

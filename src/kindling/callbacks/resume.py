@@ -11,6 +11,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 
+from kindling.errors import UserError
 from kindling.internals import epoch_end_row  # a private part of Lightning
 
 
@@ -68,6 +69,14 @@ class ResumeExactly(Callback):
         self.config, self.provenance = config, provenance
         self._rng: dict[str, Any] | None = None
         self._loader_states: list[dict[str, Any]] = []
+        self._data: dict[str, Any] | None = None  # the data's fingerprint, once set up
+
+    def _fingerprint(self, trainer: L.Trainer) -> dict[str, Any] | None:
+        if self._data is None:
+            from kindling.data.fingerprint import fingerprint
+
+            self._data = fingerprint(trainer.datamodule)
+        return self._data
 
     def state_dict(self) -> dict[str, Any]:
         return {"rng": rng_states()}
@@ -79,6 +88,8 @@ class ResumeExactly(Callback):
         for key in ("config", "provenance"):
             if getattr(self, key) is not None:
                 checkpoint[key] = getattr(self, key)
+        if (data := self._fingerprint(trainer)) is not None:
+            checkpoint["data_fingerprint"] = data
         loggers = [logger for logger in trainer.loggers if isinstance(logger, KeepsRecord)]
         if loggers:
             to_come = epoch_end_row(trainer)  # on every rank: its values may be reduced
@@ -90,9 +101,26 @@ class ResumeExactly(Callback):
         fit_loop = checkpoint.get("loops", {}).get("fit_loop", {})
         self._loader_states = fit_loop.get("state_dict", {}).pop("combined_loader", [])
         if trainer.state.fn == TrainerFn.FITTING:  # not a test of the best checkpoint
+            self._check_same_data(trainer, checkpoint.get("data_fingerprint"))
             for logger in trainer.loggers:
                 if isinstance(logger, KeepsRecord):
                     logger.continue_after(checkpoint["epoch"], checkpoint["global_step"])
+
+    def _check_same_data(self, trainer: L.Trainer, stored: dict[str, Any] | None) -> None:
+        """Resumed on other data, the splits would be carved afresh: a test sample could be
+        trained on, and the sampler's position would fall elsewhere."""
+        current = self._fingerprint(trainer)
+        if not stored or not current:  # an older checkpoint, or data of another kind
+            return
+        from kindling.data.fingerprint import changes
+
+        if said := changes(stored, current):
+            raise UserError(
+                f"{trainer.ckpt_path} was trained on other data: {'; '.join(said)}. Resuming "
+                "would carve the splits afresh (samples of one could be another's, test samples "
+                "trained on). Train a new run on this data (without ckpt_path=), or resume "
+                "with the data it was trained on."
+            )
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._loader_states:

@@ -231,6 +231,14 @@ class Sequences(Dataset):
     std: torch.Tensor
     ids: list | None = None
 
+    def identify(self, digest: Any) -> None:  # kindling.data.fingerprint
+        from kindling.data.fingerprint import tensor_bytes
+
+        digest.update(repr(self.ids).encode())
+        digest.update(tensor_bytes(self.labels))
+        for sequence in self.sequences:
+            digest.update(tensor_bytes(sequence))
+
     def __len__(self) -> int:
         return len(self.sequences)
 

@@ -6,6 +6,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 import numpy as np
@@ -73,6 +74,11 @@ class TokenWindows(TensorDataset):
         windows = tokens.unfold(0, length + 1, stride or length)
         super().__init__(windows[:, :-1], windows[:, 1:])
         self.tokens = tokens
+
+    def identify(self, digest: Any) -> None:  # kindling.data.fingerprint: the text, not windows
+        from kindling.data.fingerprint import tensor_bytes
+
+        digest.update(tensor_bytes(self.tokens))
 
 
 class RandomWindowSampler(Sampler[int]):
