@@ -112,7 +112,7 @@ def test_an_interrupt_saves_into_the_url_folder(bucket: str) -> None:
     trainer = SimpleNamespace(
         checkpoint_callback=SimpleNamespace(dirpath=f"{bucket}/checkpoints"),
         state=SimpleNamespace(fn=TrainerFn.FITTING), current_epoch=1, global_step=7,
-        default_root_dir="unused", save_checkpoint=saved.append,
+        max_epochs=10, max_steps=-1, default_root_dir="unused", save_checkpoint=saved.append,
     )  # fmt: skip
     CheckpointOnInterrupt().on_exception(trainer, None, SIGTERMException())
     assert saved == [f"{bucket}/checkpoints/last.ckpt"]
