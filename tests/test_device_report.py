@@ -66,7 +66,7 @@ def test_report_on_a_machine_without_gpus(monkeypatch) -> None:
     assert rows["CUDA available"] == "no"
     assert rows["GPUs"] == "0"
     assert rows["CUDA_VISIBLE_DEVICES"] == "not set (all)"
-    assert rows["use"] == "python train.py trainer=cpu"
+    assert rows["fits this machine"] == "trainer=cpu"
     assert not any(key.startswith("cuda:") for key in rows)
 
 
@@ -85,7 +85,7 @@ def test_report_lists_two_gpus_and_recommends_ddp(two_fake_gpus) -> None:
     )
     assert rows["CUDA_VISIBLE_DEVICES"] == "'0,3'"
     assert rows["cuDNN"] == "91002"
-    assert rows["use"] == "python train.py trainer=ddp"
+    assert rows["fits this machine"] == "trainer=ddp"
 
 
 def test_recommendation_follows_the_hardware(two_fake_gpus, monkeypatch) -> None:

@@ -58,7 +58,7 @@ def device_table(info: DeviceInfo) -> Table:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     table.add_row("CUDA_VISIBLE_DEVICES", "not set (all)" if visible is None else repr(visible))
     table.add_row("MPS available", "yes" if info.mps_available else "no")
-    table.add_row("use", f"python train.py {info.recommended_overrides}")
+    table.add_row("fits this machine", info.recommended_overrides)  # what it found, not an order
     return table
 
 
