@@ -109,7 +109,7 @@ def test_recommendation_follows_the_hardware(two_fake_gpus, monkeypatch) -> None
 def test_command_prints_the_report(tmp_path: Path) -> None:
     result = module_here("kindling.device_report", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert "CUDA available" in result.stdout and "python train.py trainer=" in result.stdout
+    assert "CUDA available" in result.stdout and "fits this machine      trainer=" in result.stdout
 
 
 def test_callback_prints_the_table_once_and_survives_the_cpu(compose_config, capsys) -> None:
