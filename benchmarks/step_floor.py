@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from hydra.utils import instantiate
 from meters import PER_STEP, make_meter
-from overhead import TrainingMeter, compose_kindling, cpu_name
+from overhead import BareModule, TrainingMeter, compose_kindling, cpu_name
 from torch import nn
 
 from kindling.modules.classifier import Classifier
@@ -67,18 +67,11 @@ def optimizer_and_schedule(parameters, total_steps: int):
     return optimizer, instantiate(CONFIG.model.scheduler)(optimizer, total_steps=total_steps)
 
 
-class MinimalModule(L.LightningModule):
+class MinimalModule(BareModule):
+    """overhead.py's bare step, with the default schedule stepped every step."""
+
     def __init__(self) -> None:
-        super().__init__()
-        self.net = tiny_net()
-
-    def training_step(self, batch, batch_idx):
-        images, targets = batch
-        return F.cross_entropy(self.net(images), targets)
-
-    def validation_step(self, batch, batch_idx) -> None:
-        images, targets = batch
-        F.cross_entropy(self.net(images), targets)
+        super().__init__(tiny_net(), optimizer=None)
 
     def configure_optimizers(self):
         optimizer, schedule = optimizer_and_schedule(
