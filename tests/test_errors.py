@@ -83,7 +83,7 @@ MISTAKES = {
     "net target that does not exist": (
         ["model.net._target_=kindling.models.cnn.Nope"],
         "model.net._target_=kindling.models.cnn.Nope: kindling.models.cnn has no Nope (it has "
-        "CNNClassifier, conv_block, require_images)",
+        "CNNClassifier, conv_block)",
     ),
     "callback value": (
         ["callbacks=[default,early_stopping]", "callbacks.early_stopping.mode=sideways"],

@@ -40,8 +40,10 @@ def snapshot(repo: Path) -> dict[str, bytes]:
 
 
 def files_mentioning(repo: Path, word: str) -> list[str]:
+    """Files naming `word`, but copier's record of where a project came from, which must."""
     pattern = re.compile(rf"\b{word}\b".encode())
-    return [name for name, data in snapshot(repo).items() if pattern.search(data)]
+    found = [name for name, data in snapshot(repo).items() if pattern.search(data)]
+    return [name for name in found if name != ".copier-answers.yml"]
 
 
 @pytest.fixture
@@ -136,6 +138,10 @@ def copier(*args: str, cwd: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(
+    not (ROOT / "copier.yml").is_file(),
+    reason="this repository is no copier template (no copier.yml): a project copied has none",
+)
 def test_a_copier_project_takes_kindlings_later_changes_renamed(tmp_path) -> None:
     """`copier copy` starts a renamed project; `copier update` brings in what kindling changed
     since, new files and new imports renamed too, and keeps the project's own changes. The
@@ -152,7 +158,8 @@ def test_a_copier_project_takes_kindlings_later_changes_renamed(tmp_path) -> Non
     )
     assert (project / "src" / "mynet" / "train.py").is_file()
     assert not (project / "src" / "kindling").exists()
-    assert files_mentioning(project, "kindling") == [".copier-answers.yml"]  # the template's path
+    assert files_mentioning(project, "kindling") == []
+    assert "/kindling" in (project / ".copier-answers.yml").read_text()  # the template's path
     git(project, "init", "-q", "-b", "main")
     # The project's own work: a model of its own, an edit of a kindling file.
     (project / "src" / "mynet" / "models" / "mine.py").write_text('"""My model."""\n')
@@ -180,4 +187,4 @@ def test_a_copier_project_takes_kindlings_later_changes_renamed(tmp_path) -> Non
     assert train.read_text().startswith('"""The path of my run')
     assert (package / "models" / "mine.py").is_file()
     assert not (project / "src" / "kindling").exists()
-    assert files_mentioning(project, "kindling") == [".copier-answers.yml"]
+    assert files_mentioning(project, "kindling") == []

@@ -128,7 +128,8 @@ def train_and_test(cfg: DictConfig) -> float | None:
         datamodule: L.LightningDataModule = build(cfg.data, "data")
         check_data_module(datamodule, train=bool(cfg.get("train")), test=bool(cfg.get("test")))
         fill_in_from_data(cfg.data, datamodule)
-        check_arguments(cfg.model, "model")  # with what the data filled in
+        checks.check_model_reads_data(cfg)  # with what the data filled in
+        check_arguments(cfg.model, "model")
         model: L.LightningModule = build(cfg.model, "model")
         if checkpoint is not None:  # the weights' shapes are known once the model is built
             from kindling.run.starting_checkpoint import check_weights_fit

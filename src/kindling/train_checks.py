@@ -2,13 +2,20 @@
 the model fits the data, the machine, a tracker's store (the launch: `kindling.run.launched`; the
 checkpoint: `kindling.run.starting_checkpoint`). Each fails with one line and the fix."""
 
+import inspect
 import os
 
 import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, ListConfig
 
+from kindling.config.instantiate import locate
 from kindling.errors import UserError
+
+
+def _choices() -> dict:
+    """The options this run chose (`model=cnn`), where Hydra composed it."""
+    return HydraConfig.get().runtime.choices if HydraConfig.initialized() else {}
 
 
 def check_model_fits_data(cfg: DictConfig) -> None:
@@ -16,11 +23,27 @@ def check_model_fits_data(cfg: DictConfig) -> None:
     LSTM on a text corpus, which has no `num_classes` to give it."""
     if "num_classes" not in cfg.model or "num_classes" in cfg.data:
         return
-    choices = HydraConfig.get().runtime.choices if HydraConfig.initialized() else {}
-    model, data = choices.get("model", "<option>"), choices.get("data", "<option>")
+    model, data = _choices().get("model", "<option>"), _choices().get("data", "<option>")
     raise UserError(
         f"model={model} is a classifier, and data={data} has no classes. For a language model "
         "use model=lm/<family>: model=lm/rnn, model=lm/lstm or model=lm/transformer."
+    )
+
+
+def check_model_reads_data(cfg: DictConfig) -> None:
+    """A net that takes `image_shape` and no `num_features` reads images only: refused for data
+    without images (a sequence table) before it is built. Run once the data has filled in its
+    keys (a streamed copy says whether it holds images)."""
+    net = cfg.model.get("net")
+    if not isinstance(net, DictConfig) or "_target_" not in net or cfg.data.get("image_shape"):
+        return
+    arguments = inspect.signature(locate(net._target_, "model.net")).parameters
+    if "image_shape" not in arguments or "num_features" in arguments:
+        return
+    model, data = _choices().get("model", "<option>"), _choices().get("data", "<option>")
+    raise UserError(
+        f"model={model} reads images ({net._target_} takes image_shape, not num_features), and "
+        f"data={data} has none. For sequences choose a model that reads them, e.g. model=lstm."
     )
 
 

@@ -7,15 +7,6 @@ import torch
 from torch import nn
 
 
-def require_images(image_shape: Sequence[int] | None, option: str) -> None:
-    """Refuse, in one line, a data set without images for a net that reads only images."""
-    if image_shape is None:
-        raise ValueError(
-            f"model={option} reads images, and this data set has none (no data.image_shape). "
-            "For sequences choose model=lstm, gru, rnn, transformer or temporal_conv."
-        )
-
-
 def conv_block(in_channels: int, out_channels: int, dropout: float) -> nn.Sequential:
     """Two 3x3 conv + batch norm + ReLU layers, then 2x2 max pooling and dropout."""
     layers: list[nn.Module] = []
@@ -37,13 +28,12 @@ class CNNClassifier(nn.Module):
 
     def __init__(
         self,
-        image_shape: Sequence[int] | None,
+        image_shape: Sequence[int],
         num_classes: int,
         channels: Sequence[int] = (32, 64),
         dropout: float = 0.1,
     ):
         super().__init__()
-        require_images(image_shape, "cnn")
         widths = [image_shape[0], *channels]
         self.features = nn.Sequential(
             *(conv_block(c_in, c_out, dropout) for c_in, c_out in pairwise(widths))

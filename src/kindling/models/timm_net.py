@@ -10,7 +10,6 @@ import torch
 from torch import nn
 
 from kindling.errors import UserError
-from kindling.models.cnn import require_images
 
 
 class TimmClassifier(nn.Module):
@@ -30,7 +29,7 @@ class TimmClassifier(nn.Module):
     def __init__(
         self,
         name: str,
-        image_shape: Sequence[int] | None,
+        image_shape: Sequence[int],
         num_classes: int,
         pretrained: bool = False,
         pretrained_file: str | None = None,
@@ -39,7 +38,6 @@ class TimmClassifier(nn.Module):
         model_args: dict[str, Any] | None = None,
     ):
         super().__init__()
-        require_images(image_shape, "timm")
         check_model_name(name)
         kwargs: dict[str, Any] = dict(model_args or {})
         if drop_path_rate is not None:
