@@ -7,6 +7,7 @@ repository's root, `python -m kindling.schemas` writes `.schemas/<group>/<name>.
 import contextlib
 import dataclasses
 import enum
+import functools
 import inspect
 import json
 import numbers
@@ -46,8 +47,10 @@ def _file_schema(file: Path, name: str) -> dict[str, dict]:
         ConfigStore.instance().store(
             f"{option}.below", {"defaults": raw.get("defaults", [])}, group, package
         )
-        node = _composed(group, option, package)
-        below = _composed(group, f"{option}.below", package)
+        configs = file.parents[name.count("/")]
+        within_train = group in _extended_by_train(configs)
+        node = _composed(group, option, package, within_train)
+        below = _composed(group, f"{option}.below", package, within_train)
     if not _has_target(node):
         return {}
     schema = _node_schema(node, below, optional="_base/" in name)
@@ -55,12 +58,25 @@ def _file_schema(file: Path, name: str) -> dict[str, dict]:
     return {name: {"$schema": "http://json-schema.org/draft-07/schema#", **schema}}
 
 
-def _composed(group: str, option: str, package: str) -> Any:
+@functools.cache
+def _extended_by_train(configs: Path) -> frozenset[str]:
+    """The groups whose options train.yaml's defaults list extends: `model/optimizer: adamw`
+    gives every model config its optimizer."""
+    defaults = OmegaConf.to_container(OmegaConf.load(configs / "train.yaml")).get("defaults", [])
+    chosen = [next(iter(entry)) for entry in defaults if isinstance(entry, dict)]
+    return frozenset(name.rsplit("/", 1)[0] for name in chosen if "/" in name)
+
+
+def _composed(group: str, option: str, package: str, within_train: bool = False) -> Any:
+    """The file composed: alone, or within train.yaml where that adds to it (`within_train`)."""
     with warnings.catch_warnings():  # "Defaults list is missing `_self_`": a group file's is last
         warnings.simplefilter("ignore", UserWarning)
         if package == "_global_":
             return OmegaConf.to_container(compose("train", [f"{group}={option}"]))
-        return OmegaConf.to_container(OmegaConf.select(compose(f"{group}/{option}"), package))
+        whole = compose("train", [f"{group}={option}"]) if within_train else None
+        return OmegaConf.to_container(
+            OmegaConf.select(whole or compose(f"{group}/{option}"), package)
+        )
 
 
 def _has_target(node: Any) -> bool:
