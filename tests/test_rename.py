@@ -3,29 +3,15 @@ still trains, and kindling's later changes still reach the renamed project."""
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from helpers import PYTHON, QUIET, ROOT
+from helpers import PYTHON, QUIET, ROOT, copy_tracked_files, git
 
 SCRIPT = ROOT / "scripts" / "rename_package.py"
-
-
-def copy_tracked_files(destination: Path) -> Path:
-    """The repository as git knows it (tracked files, as they are in the working tree)."""
-    listed = subprocess.run(
-        ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True, check=True
-    ).stdout.split("\0")
-    for name in filter(None, listed):
-        source = ROOT / name
-        if source.is_file():  # a tracked file deleted in the working tree is left out
-            (destination / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, destination / name)
-    return destination
 
 
 def rename(repo: Path, *args: str) -> subprocess.CompletedProcess:
@@ -98,13 +84,6 @@ def test_renamed_project_trains(repo: Path) -> None:
         "mynet.modules.classifier.Classifier"
         in next((repo / "logs").rglob("config.yaml")).read_text()
     )
-
-
-def git(repo: Path, *args: str) -> str:
-    identity = ["-c", "user.name=test", "-c", "user.email=test@example.com"]
-    result = subprocess.run(["git", *identity, *args], cwd=repo, capture_output=True, text=True)
-    assert result.returncode == 0, result.stdout + result.stderr
-    return result.stdout
 
 
 def test_renamed_fork_still_merges_upstream_fixes(repo: Path) -> None:
