@@ -38,7 +38,7 @@ from kindling.errors import UserError, find_user_error, message
 from kindling.files import is_url
 from kindling.hardware import best_precision
 from kindling.known_warnings import ignore_unhelpful_warnings
-from kindling.run import job_record, provenance, run_folder
+from kindling.run import failures, job_record, provenance, run_folder
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +77,8 @@ def run(cfg: DictConfig) -> float | None:
             raise
         if rank_zero_only.rank == 0 or not user_error.raised_on_every_rank:
             log.error("%s", message(user_error))
+        if isinstance(user_error, failures.PartFailed) and user_error.rank != 0:
+            failures.keep_in_log(user_error, cfg.paths.output_dir)
         if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
             raise JobError(message(user_error)) from error
         sys.exit(1)
@@ -162,12 +164,16 @@ def train_and_test(cfg: DictConfig) -> float | None:
             tested = _tested_checkpoint(trainer) if cfg.get("train") else checkpoint
             trainer.test(model=model, datamodule=datamodule, ckpt_path=tested)
             metrics.update(trainer.callback_metrics)
-    except Exception:
+    except Exception as error:
+        # A full disk or a rank that died: one line and the resume command (run/failures.py).
+        explained = failures.explain(error, trainer, cfg.paths.output_dir)
         # Lightning ends the ranks it started only on Ctrl-C: one still connecting to this
         # process's store would retry for 30 minutes, the command with it.
         if trainer.strategy.launcher is not None:
             trainer.strategy.launcher.kill(signal.SIGKILL)
-        raise
+        if explained is None:
+            raise
+        raise explained from error
 
     job_record.save_results(metrics, cfg.paths.output_dir)
     rank_zero_info(run_summary(trainer, metrics, cfg.paths.output_dir, tested))

@@ -1,0 +1,127 @@
+"""A part that fails under a run (a full disk, a rank that dies) ends it with one line that
+names what failed and the command that resumes it, in train.log too; the resume then ends with
+every epoch once."""
+
+import errno
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import kindling.checkpoints
+from kindling.train import run
+
+from helpers import QUIET, error_lines, read_metrics, start_train_py, train_py
+
+EPOCHS = ["trainer.max_epochs=4", "debug=limit", "test=false", *QUIET]
+
+
+class FullDisk:
+    """A file whose device fills after `room` bytes: its writes then fail as a full disk's do."""
+
+    def __init__(self, file, room: int) -> None:
+        self.file, self.room = file, room
+
+    def write(self, data) -> int:
+        if self.room < len(data):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self.room -= len(data)
+        return self.file.write(data)
+
+    def __getattr__(self, name: str):
+        return getattr(self.file, name)
+
+
+def test_a_full_disk_is_one_line_leaves_no_part_file_and_the_resume_keeps_every_epoch(
+    compose_config, monkeypatch, caplog, tmp_path: Path
+) -> None:
+    saves = []
+    real_save = torch.save
+
+    def save_until_full(checkpoint, file, *args, **kwargs) -> None:
+        saves.append(checkpoint["epoch"])
+        full = checkpoint["epoch"] == 2  # epochs 0 and 1 fit; epoch 2's checkpoint does not
+        real_save(checkpoint, FullDisk(file, 10_000) if full else file, *args, **kwargs)
+
+    monkeypatch.setattr(kindling.checkpoints.torch, "save", save_until_full)
+    with pytest.raises(SystemExit) as stopped:
+        run(compose_config(*EPOCHS))
+    assert stopped.value.code == 1
+    run_dir = tmp_path / "run"
+    last = run_dir / "checkpoints" / "last.ckpt"
+    (line,) = error_lines(caplog)
+    assert re.fullmatch(
+        rf"No space left on the device of {run_dir} \(\d+\.\d MB free\); no "
+        rf"checkpoint is half-written\. The newest intact checkpoint is {last} \(\d+\.\d MB\)\. "
+        rf"Make room or move the run folder, then resume with: python train\.py ckpt_path={last}",
+        line,
+    ), line
+    assert not [p.name for p in last.parent.iterdir() if p.name.endswith(".tmp")]
+    assert torch.load(last, weights_only=True)["epoch"] == 1  # the previous one, whole
+
+    monkeypatch.setattr(kindling.checkpoints.torch, "save", real_save)  # room again
+    run(compose_config(*EPOCHS, f"ckpt_path={last}"))
+    epochs = [int(row["epoch"]) for row in read_metrics(run_dir) if row.get("val/loss")]
+    assert epochs == [0, 1, 2, 3]
+
+
+EPOCHS_OF_A_KILLED_RUN = 20
+KILLED_AFTER_FIRST_CHECKPOINT = [
+    "trainer.accelerator=cpu", "trainer.devices=2", f"trainer.max_epochs={EPOCHS_OF_A_KILLED_RUN}",
+    "test=false",
+    "debug=limit", *QUIET, "callbacks.plots=null", "callbacks.device_report=null",
+    "+callbacks.pids._target_=rank_pids.RankPids",
+]  # fmt: skip
+
+RANK_PIDS = """
+import os
+from pathlib import Path
+
+import lightning as L
+
+
+class RankPids(L.Callback):
+    def setup(self, trainer, module, stage):
+        Path(f"rank{trainer.global_rank}.pid").write_text(str(os.getpid()))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("killed", [1, 0])
+def test_a_rank_that_dies_ends_the_other_with_one_line_and_the_resume_line(
+    tmp_path: Path, killed: int
+) -> None:
+    (tmp_path / "rank_pids.py").write_text(RANK_PIDS)
+    args = [*KILLED_AFTER_FIRST_CHECKPOINT, "hydra.run.dir=run"]
+    process = start_train_py(*args, cwd=tmp_path, module_dir=tmp_path)
+    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    deadline = time.monotonic() + 120
+    while not (last.is_file() and (tmp_path / "rank1.pid").is_file()):
+        assert process.poll() is None and time.monotonic() < deadline, process.stdout
+        time.sleep(0.1)
+    os.kill(int((tmp_path / f"rank{killed}.pid").read_text()), signal.SIGKILL)
+    survivor = int((tmp_path / f"rank{1 - killed}.pid").read_text())
+    killed_at = time.monotonic()
+    while time.monotonic() - killed_at < 60 and Path(f"/proc/{survivor}").exists():
+        if Path(f"/proc/{survivor}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            break  # ended, not yet reaped
+        time.sleep(0.1)
+    output = process.communicate(timeout=60)[0]
+    assert time.monotonic() - killed_at < 60, output[-3000:]
+    who = "Rank 1 of this 2-process run ended (killed by SIGKILL)" if killed == 1 else (
+        "Another rank of this 2-process run ended (its connection closed)")  # fmt: skip
+    resume = f"Resume with: python train.py ckpt_path={last}"
+    lines = [line for line in output.splitlines() if who in line]
+    assert len(lines) == 1 and resume in lines[0], output[-3000:]
+    assert f"rank {1 - killed} stopped with it" in lines[0]
+    assert "Traceback" not in output, output[-3000:]
+    assert who in (tmp_path / "run" / "train.log").read_text()
+
+    resumed = train_py(*args, f"ckpt_path={last}", cwd=tmp_path, module_dir=tmp_path)
+    assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-3000:]
+    epochs = [int(r["epoch"]) for r in read_metrics(tmp_path / "run") if r.get("val/loss")]
+    assert epochs == list(range(EPOCHS_OF_A_KILLED_RUN)), epochs
