@@ -6,6 +6,8 @@ configuration, its seeds and folds aggregated: mean, standard deviation and coun
 Hydra runs it at the end of every multirun (kindling.multirun_report.MultirunReport).
 """
 
+import itertools
+import shlex
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -13,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from kindling import cli
 from kindling.errors import UserError
@@ -30,7 +33,7 @@ TRIAL_STATUS = {"COMPLETE": "completed", "PRUNED": "pruned", "FAIL": "failed"}  
 class Job:
     folder: Path
     overrides: list[str]
-    status: str  # completed, failed, pruned, or interrupted: started and never ended
+    status: str  # completed, failed, pruned, interrupted (started, never ended), not started
     metrics: dict[str, float]
     run_time_s: float | None
 
@@ -72,6 +75,35 @@ def read_job(folder: Path) -> Job:
     overrides = read_yaml(folder / ".hydra" / "overrides.yaml") or []
     metrics = read_yaml(folder / RESULTS_FILE) or {}
     return Job(folder, overrides, status, metrics, record.get("run_time_s"))
+
+
+def planned_jobs(sweep_dir: Path) -> list[list[str]]:
+    """Every job's overrides that a multirun of Hydra's basic sweeper runs, in its order (the
+    order that numbers the jobs: the product of the swept values, as the sweeper takes it); none
+    for other sweepers, whose trials are not known ahead."""
+    hydra = (read_yaml(sweep_dir / "multirun.yaml") or {}).get("hydra", {})
+    if not str((hydra.get("sweeper") or {}).get("_target_", "")).endswith(".BasicSweeper"):
+        return []
+    params = [f"{k}={v}" for k, v in ((hydra.get("sweeper") or {}).get("params") or {}).items()]
+    task = (hydra.get("overrides") or {}).get("task") or []
+    parsed = OverridesParser.create().parse_overrides([*params, *task])
+    values = {}
+    for override in parsed:
+        name = override.get_key_element()
+        swept = override.is_discrete_sweep()
+        values[name] = [f"{name}={v}" for v in override.sweep_string_iterator()] if swept else [
+            f"{name}={override.get_value_element_as_str()}"]  # fmt: skip
+    return [list(job) for job in itertools.product(*values.values())]
+
+
+def continue_command(sweep_dir: Path) -> str:
+    """The command that runs a cut-off multirun's unfinished jobs (kindling.run.continuation)."""
+    hydra = (read_yaml(sweep_dir / "multirun.yaml") or {}).get("hydra", {})
+    task = (hydra.get("overrides") or {}).get("task")
+    if task is None:  # no record of the command: the user's own
+        return f"Continue it with its command and hydra.sweep.dir={sweep_dir}."
+    arguments = shlex.join([*task, f"hydra.sweep.dir={sweep_dir}"])
+    return f"Continue it with: python train.py -m {arguments}"
 
 
 def optimized_metric(folders: Sequence[Path]) -> tuple[str | None, bool]:
@@ -116,6 +148,14 @@ def build_report(*sweep_dirs: str | Path) -> Report:
             jobs.append(read_job(folder))
         except DamagedRecord as error:
             damaged.append(f"{error}: job {folder.name} is left out of the report.")
+    for sweep_dir in map(Path, sweep_dirs):  # the jobs a cut-off multirun never started
+        planned = planned_jobs(sweep_dir)
+        started = {folder.name for folder in folders if folder.parent == sweep_dir}
+        jobs += [
+            Job(sweep_dir / str(number), overrides, "not started", {}, None)
+            for number, overrides in enumerate(planned)
+            if str(number) not in started
+        ]
     if not jobs:
         raise UserError(f"No job of {sweep_dirs[0]} could be read: {damaged[0]}")
     metric, maximize = optimized_metric(folders)
@@ -269,9 +309,12 @@ def write_report(*sweep_dirs: str | Path) -> str:
     written = ["jobs.csv", "configurations.csv", MARKDOWN]
     if plot(report, report.sweep_dir / "report.png"):
         written.append("report.png")
-    return "\n".join(
-        [text, *report.damaged, f"Written to {report.sweep_dir}: {', '.join(written)}"]
-    )
+    unfinished = [job for job in report.jobs if job.status in ("interrupted", "not started")]
+    how_on = [f"{len(unfinished)} jobs did not finish. {continue_command(report.sweep_dir)}"]
+    return "\n".join([
+        text, *report.damaged, f"Written to {report.sweep_dir}: {', '.join(written)}",
+        *(how_on if unfinished else []),
+    ])  # fmt: skip
 
 
 @dataclass

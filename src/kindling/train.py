@@ -62,6 +62,12 @@ def run(cfg: DictConfig) -> float | None:
                 library_log.removeHandler(handler)
             library_log.propagate = True
         logging.captureWarnings(True)
+    earlier = _earlier_job(cfg.paths.output_dir)
+    if earlier == "completed":  # a continued multirun's: its folder is left as it was
+        return job_record.kept(cfg.paths.output_dir, cfg.get("optimized_metric"))
+    if earlier == "resume":
+        with open_dict(cfg):
+            cfg.ckpt_path = str(Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt")
     previous_handler = _exit_on_sigterm()
     try:
         run_folder.refuse_used(cfg.paths.output_dir)  # before job.yaml replaces the earlier one
@@ -89,6 +95,15 @@ def run(cfg: DictConfig) -> float | None:
         run_folder.release(cfg.paths.output_dir)
         if previous_handler is not None:
             signal.signal(signal.SIGTERM, previous_handler)
+
+
+def _earlier_job(output_dir: str) -> str | None:
+    """What a job of a continued multirun finds in its folder (kindling/run/continuation.py)."""
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return None
+    from kindling.run.continuation import earlier_job
+
+    return earlier_job(output_dir, list(HydraConfig.get().overrides.task))
 
 
 def _stopped_as_training_ended(trainer: L.Trainer) -> None:

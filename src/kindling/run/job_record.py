@@ -11,15 +11,17 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import yaml
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from lightning_utilities.core.rank_zero import rank_zero_only  # Lightning's, without torch
 
 from kindling.files import write_yaml
+from kindling.run.continuation import JOB_FILE
 
 log = logging.getLogger(__name__)
 
-JOB_FILE, RESULTS_FILE, TRIAL_FILE = "job.yaml", "results.yaml", "trial.yaml"
+RESULTS_FILE, TRIAL_FILE = "results.yaml", "trial.yaml"
 # What Lightning's DDP launcher writes into os.environ of the launching process: left set, the
 # sweep's next job would think its ranks started outside.
 _LAUNCHER_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")
@@ -31,13 +33,22 @@ def save_results(metrics: dict, run_dir: str | Path) -> None:
     write_yaml(Path(run_dir) / RESULTS_FILE, {n: float(v) for n, v in sorted(metrics.items())})
 
 
+def kept(run_dir: str | Path, optimized_metric: str | None) -> float | None:
+    """A continued multirun's job that completed before: said, and its result returned (what a
+    sweeper optimises), its folder untouched."""
+    print(f"{run_dir} completed before: kept as it is.", flush=True)
+    path = Path(run_dir) / RESULTS_FILE
+    results = yaml.safe_load(path.read_text()) if path.is_file() else {}
+    return results.get(optimized_metric) if optimized_metric else None
+
+
 @contextmanager
 def recorded_job(run_dir: str | Path) -> Iterator[None]:
     """In a multirun, rank 0 writes `job.yaml`: `running`, then `completed`, `failed` with the
     error, or `interrupted` with the exit code (a killed job's stays `running`: the report calls
-    it interrupted too)."""
+    it interrupted too). A multirun's job resumed by hand writes it again."""
     multirun = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
-    if not multirun or rank_zero_only.rank != 0:
+    if not (multirun or (Path(run_dir) / JOB_FILE).is_file()) or rank_zero_only.rank != 0:
         yield
         return
     path, started = Path(run_dir) / JOB_FILE, time.monotonic()

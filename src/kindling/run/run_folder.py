@@ -142,7 +142,7 @@ def run_dir(log_dir: str, task_name: str, *, _root_: Any) -> str:
 _records: dict[Path, str] = {}  # the record folder this process chose in each run folder
 
 
-def hydra_subdir(stamp: str, *, _root_: Any) -> str:
+def hydra_subdir(stamp: str, *, _root_: Any) -> str | None:
     """Where Hydra writes the config: `.hydra`, or `.hydra/resumed_<stamp>` (this process's alone)
     when resuming in an existing folder, so the first run's config is never overwritten. A new
     run in a folder an earlier one trained in (`hydra.run.dir=`) writes `.hydra/refused_<stamp>`,
@@ -161,6 +161,15 @@ def hydra_subdir(stamp: str, *, _root_: Any) -> str:
     # files; a launch (SLURM, torchrun) names its folders itself: a requeued job takes its own.
     trained = any((folder / "checkpoints").glob("*.ckpt")) or (folder / "csv/metrics.csv").exists()
     used = folder not in _records and trained and not _resumes_training(_root_) and not launched()
+    if used and str(OmegaConf.select(_root_, "hydra.mode")).endswith("MULTIRUN"):
+        from kindling.run.continuation import earlier_job
+
+        # A continued multirun (kindling/run/continuation.py): a completed job writes nothing.
+        overrides = list(OmegaConf.select(_root_, "hydra.overrides.task"))
+        earlier = earlier_job(folder, overrides)
+        continued = {"completed": None, "resume": f".hydra/resumed_{stamp}", "restart": ".hydra"}
+        if earlier is not None:
+            return _records.setdefault(folder, continued[earlier])
     return _records.setdefault(folder, f".hydra/refused_{stamp}" if used else ".hydra")
 
 
