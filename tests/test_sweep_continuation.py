@@ -2,6 +2,7 @@
 (kindling/run/continuation.py): the completed job is kept byte for byte, the interrupted one
 resumes exactly, the one never started runs, and the report counts all of them."""
 
+import functools
 import re
 import shlex
 from pathlib import Path
@@ -9,7 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import QUIET, folder_contents, module_here, read_metrics, train_py
+from helpers import QUIET, folder_contents, module_here, read_metrics
+from helpers import train_py as train_py_
 
 EPOCHS = 6
 # Kills its own process at step 23 (epoch 4 of 5-step epochs) of job 1, once: the multirun ends
@@ -40,12 +42,21 @@ JOB = ["debug=limit", f"trainer.max_epochs={EPOCHS}", "trainer.deterministic=tru
 
 
 @pytest.mark.slow
-def test_a_killed_multirun_continues_without_repeating_its_completed_job(tmp_path: Path) -> None:
+@pytest.mark.parametrize("launcher", ["basic", "joblib"])
+def test_a_killed_multirun_continues_without_repeating_its_completed_job(
+    tmp_path: Path, launcher: str
+) -> None:
     (tmp_path / "kill_job.py").write_text(KILL_JOB_1)
     sweep = tmp_path / "sweep"
-    command = ["-m", "seed=0,1,2", *JOB, f"hydra.sweep.dir={sweep}"]
+    launch = [] if launcher == "basic" else [f"hydra/launcher={launcher}"]
+    command = ["-m", "seed=0,1,2", *JOB, *launch, f"hydra.sweep.dir={sweep}"]
+    # joblib's pool of workers cannot be forked from this process: a new interpreter.
+    train_py = functools.partial(train_py_, new_interpreter=launcher == "joblib")
     killed = train_py(*command, cwd=tmp_path, module_dir=tmp_path)
-    assert killed.returncode == -9, (killed.stdout + killed.stderr)[-3000:]
+    if launcher == "joblib":  # a worker was killed: joblib ends the multirun with its error
+        assert "TerminatedWorkerError" in killed.stderr or killed.returncode != 0
+    else:
+        assert killed.returncode == -9, (killed.stdout + killed.stderr)[-3000:]
     assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["0", "1"]
 
     # The report of the cut-off multirun: every job, the way on.

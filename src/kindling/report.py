@@ -98,11 +98,12 @@ def planned_jobs(sweep_dir: Path) -> list[list[str]]:
 
 def continue_command(sweep_dir: Path) -> str:
     """The command that runs a cut-off multirun's unfinished jobs (kindling.run.continuation)."""
-    hydra = (read_yaml(sweep_dir / "multirun.yaml") or {}).get("hydra", {})
-    task = (hydra.get("overrides") or {}).get("task")
-    if task is None:  # no record of the command: the user's own
+    overrides = ((read_yaml(sweep_dir / "multirun.yaml") or {}).get("hydra") or {}).get("overrides")
+    if not overrides:  # no record of the command: the user's own
         return f"Continue it with its command and hydra.sweep.dir={sweep_dir}."
-    arguments = shlex.join([*task, f"hydra.sweep.dir={sweep_dir}"])
+    # The command's own (hydra/launcher=joblib, ...), less what Hydra adds and the folder.
+    ours = [o for o in overrides["hydra"] if key(o) not in ("hydra.mode", "hydra.sweep.dir")]
+    arguments = shlex.join([*overrides["task"], *ours, f"hydra.sweep.dir={sweep_dir}"])
     return f"Continue it with: python train.py -m {arguments}"
 
 
