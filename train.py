@@ -41,4 +41,8 @@ if __name__ == "__main__":
                 check_launch()  # the ranks must name one run folder
         except UserError as error:
             sys.exit(str(error))
-        main()
+        try:
+            main()
+        except KeyboardInterrupt:  # outside training (composing, loading): nothing to save
+            print("Stopped by Ctrl-C.", file=sys.stderr)
+            sys.exit(130)

@@ -695,3 +695,25 @@ def test_a_training_step_of_two_processes_holds_no_collective_of_kindlings_that_
         assert all(len(step) <= 1 for step in steps), (rank, steps)  # the vote, or nothing
     (checkpoint,) = tmp_path.glob("logs/train/runs/*/checkpoints/last.ckpt")
     assert torch.load(checkpoint, weights_only=True)["global_step"] in (31, 32)
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_the_run_starts_is_one_line_and_exit_130(tmp_path: Path) -> None:
+    """Ctrl-C before training (here while the task imports torch; composing is the same): one
+    line, the exit status of an interrupt, no traceback."""
+    import sys
+
+    process = subprocess.Popen(
+        [sys.executable, str(ROOT / "train.py"), *QUIET], cwd=tmp_path, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=lambda: signal.signal(
+            signal.SIGINT, signal.default_int_handler),  # as in a terminal, not a background job
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.glob("logs/train/runs/*/.hydra")):  # the task starts: imports torch
+        assert process.poll() is None and time.monotonic() < deadline
+        time.sleep(0.01)
+    process.send_signal(signal.SIGINT)
+    output = process.communicate(timeout=60)[0]
+    assert process.returncode == 130, output[-3000:]
+    assert output.strip().splitlines()[-1] == "Stopped by Ctrl-C.", output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
