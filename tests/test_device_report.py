@@ -8,6 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import open_dict, read_write
 from rich.console import Console
 
 from kindling.device_report import print_device_report
@@ -118,6 +121,16 @@ def test_callback_prints_the_table_once_and_survives_the_cpu(compose_config, cap
     # Printed at the start of fit, not again at the start of test.
     assert out.count("CUDA_VISIBLE_DEVICES") == 1
     assert "Peak GPU memory" not in out
+
+
+@pytest.mark.parametrize(("job", "printed"), [(0, 1), (1, 0)])
+def test_a_multiruns_first_job_alone_prints_the_table(compose_config, capsys, job, printed) -> None:
+    cfg = compose_config("debug=fdr", "trainer=cpu", *QUIET)
+    hydra = HydraConfig.get()
+    with read_write(hydra), open_dict(hydra):
+        hydra.mode, hydra.job.num = RunMode.MULTIRUN, job
+    run(cfg)
+    assert capsys.readouterr().out.count("CUDA_VISIBLE_DEVICES") == printed
 
 
 @pytest.mark.gpu

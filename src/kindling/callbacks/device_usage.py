@@ -1,9 +1,12 @@
-"""Print the device table when a run starts, and the peak GPU memory when fit and test end."""
+"""Print the device table when a run starts (a multirun's first job alone: its jobs share the
+machine), and the peak GPU memory when fit and test end."""
 
 from typing import Any
 
 import lightning as L
 import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 from rich.console import Console
@@ -21,7 +24,7 @@ class DeviceReport(Callback):
         self._printed = False
 
     def on_fit_start(self, trainer: L.Trainer, *args: Any) -> None:
-        if trainer.is_global_zero and not self._printed:
+        if trainer.is_global_zero and not self._printed and not _a_later_job():
             Console().print(device_table(collect_device_info()))
             self._printed = True
         if trainer.strategy.root_device.type == "cuda":
@@ -51,3 +54,10 @@ class DeviceReport(Callback):
                 )  # fmt: skip
 
     on_test_end = on_fit_end
+
+
+def _a_later_job() -> bool:
+    """A multirun's job after its first, which printed the table (under joblib too)."""
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return False
+    return (HydraConfig.get().job.get("num") or 0) > 0
