@@ -2,6 +2,8 @@
 a summary at the end; and what its train.log keeps: all of that, Lightning's lines too."""
 
 import logging
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -149,3 +151,28 @@ def test_the_progress_bar_takes_a_batch_at_most_refresh_rate_times_a_second(monk
     for batch_idx in range(1000):
         bar.on_train_batch_end(None, None, None, None, batch_idx)
     assert len(passed) == 11 and passed[0] == 0 and passed[-1] == 999, passed
+
+
+@pytest.mark.slow
+def test_predict_and_prepare_keep_the_quiet_console_of_a_training_run(
+    trained_run, tmp_path
+) -> None:
+    """Each tool in its own process (what it prints is a process's): the notices a training run
+    filters, and LitData's setup, worker and sign-up lines, do not reach the console."""
+    rows = [f"s{n},{t},{'ab'[n % 2]},{(t * n) % 7}" for n in range(40) for t in range(5 + n % 9)]
+    (tmp_path / "table.csv").write_text("\n".join(["id,time,label,x", *rows]) + "\n")
+    tools = {
+        "predict": ["kindling.predict", f"ckpt_path={trained_run.last_checkpoint}", "input=test",
+                    f"output={tmp_path / 'predictions.csv'}"],
+        "prepare": ["kindling.prepare", "data=sequences", f"data.path={tmp_path / 'table.csv'}",
+                    f"output={tmp_path / 'copy'}"],
+    }  # fmt: skip
+    noise = ["litlogger", "litmodels", "The `srun` command", "set_vital", "Create an account",
+             "Setting multiprocessing", "Workers are", "max_cache_size"]  # fmt: skip
+    for tool, args in tools.items():
+        result = subprocess.run([sys.executable, "-m", *args], cwd=tmp_path, capture_output=True,
+                                text=True, timeout=300)  # fmt: skip
+        console = result.stdout + result.stderr
+        assert result.returncode == 0, console[-3000:]
+        assert not [n for n in noise if n in console], (tool, console[-3000:])
+        assert len(console.splitlines()) <= 8, (tool, console)

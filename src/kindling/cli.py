@@ -1,6 +1,6 @@
 """What kindling's `python -m kindling.*` tools share: `key=value` arguments read into a
-dataclass, one way to fail (a UserError printed as its one line, exit status 1), and the CSV they
-write."""
+dataclass, one way to fail (a UserError printed as its one line, exit status 1), the quiet
+console of a training run, and the CSV they write."""
 
 import csv
 import dataclasses
@@ -15,6 +15,7 @@ from typing import Any, TypeVar, get_args
 
 from kindling.errors import UserError, find_user_error, message
 from kindling.files import write_atomically
+from kindling.known_warnings import ignore_unhelpful_warnings
 
 Args = TypeVar("Args")
 R = TypeVar("R")
@@ -71,6 +72,7 @@ def main(run: Callable[..., R]) -> Callable[..., R]:
 
     @functools.wraps(run)
     def main(*args: Any, **kwargs: Any) -> R:
+        ignore_unhelpful_warnings()  # the console a training run has
         try:
             return run(*args, **kwargs)
         except Exception as error:

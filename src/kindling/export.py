@@ -23,7 +23,6 @@ import torch
 from kindling import cli
 from kindling.data.image_folder import to_model_input
 from kindling.errors import UserError
-from kindling.known_warnings import ignore_unhelpful_warnings
 from kindling.loading import data_state, load_module
 from kindling.modules.classifier import Classifier
 
@@ -220,7 +219,6 @@ EXPORTERS = {"onnx": export_onnx, "torch_export": export_program}
 @cli.command(ExportArgs, "python -m kindling.export ckpt_path=<file> [output=<path>] "
              "[format=both|onnx|torch_export]")  # fmt: skip
 def main(args: ExportArgs) -> None:
-    ignore_unhelpful_warnings()
     log.info("Exported: %s", ", ".join(str(path) for path in export(args)))
 
 

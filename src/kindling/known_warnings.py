@@ -17,13 +17,16 @@ UNHELPFUL_WARNINGS = [
     # torchdata's StatefulDataLoader calls it on every loader it makes.
     (r".*'set_vital' is deprecated.*", UserWarning),
 ]
-# Lightning's notices at every Trainer start that say nothing to this run.
+# Lightning's notices at every Trainer start, and LitData's for every streamed split and worker,
+# that say nothing to this run.
 UNHELPFUL_NOTICES = (
     "litlogger",  # a tip to install Lightning's cloud logger
     "litmodels",  # and its model registry
     "Trainer already configured with model summary callbacks",  # RichModelSummary is the one
     "was configured so 100% of the batches",  # `limit_*_batches: 1.0`: "all", spelled out
+    "max_cache_size is unset",  # the local cache LitData allows itself, per split and worker
 )
+NOTICE_LOGGERS = ("lightning.pytorch.utilities.rank_zero", "litdata.utilities.format")
 
 
 def _no_notice(record: logging.LogRecord) -> bool:
@@ -40,4 +43,5 @@ def ignore_unhelpful_warnings() -> None:
         # inside an allocation only (kindling's SLURM launcher runs srun itself).
         warnings.filterwarnings("ignore", message=r".*The `srun` command is available.*")
     # Added once, however often it is called: addFilter skips a filter it already has.
-    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_no_notice)
+    for name in NOTICE_LOGGERS:
+        logging.getLogger(name).addFilter(_no_notice)

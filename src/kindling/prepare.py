@@ -117,6 +117,7 @@ def prepare(cfg: DictConfig) -> Path:
             chunk_bytes=cfg.chunk_bytes,
             # fork: workers start at once, with the data set in memory (spawn re-imports torch).
             start_method="fork" if "fork" in multiprocessing.get_all_start_methods() else None,
+            verbose=False,  # its setup, its workers, and a sign-up line: the line above says it
         )
     metadata["complete"] = True
     metadata_file.write_text(json.dumps(metadata, indent=1))  # last: the copy is whole
