@@ -87,3 +87,6 @@ def test_a_run_records_its_provenance(compose_config, tmp_path: Path) -> None:
     assert checkpoint["provenance"]["git"]["commit"] == saved["git"]["commit"]
     hparams = yaml.safe_load((run_dir / "csv" / "hparams.yaml").read_text())
     assert hparams["provenance"]["versions"] == saved["versions"]
+    # The data it trained on, as the checkpoint keeps it for a resume's check.
+    assert saved["data"] == checkpoint["provenance"]["data"]
+    assert set(saved["data"]) >= {"train", "val", "test"}, saved["data"]

@@ -84,12 +84,21 @@ class ResumeExactly(Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._rng = state_dict.get("rng")
 
+    def on_fit_start(self, trainer: L.Trainer, pl_module: Any) -> None:
+        """The data's fingerprint (set up by now) joins the run's provenance.yaml: two runs are
+        told apart by their data too."""
+        data = self._fingerprint(trainer)
+        if data is None or self.provenance is None or self.config is None:
+            return
+        self.provenance["data"] = data
+        from kindling.run import provenance, run_folder
+
+        provenance.save(self.provenance, run_folder.record_dir(self.config["paths"]["output_dir"]))
+
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: Any, checkpoint: dict) -> None:
-        for key in ("config", "provenance"):
-            if getattr(self, key) is not None:
-                checkpoint[key] = getattr(self, key)
-        if (data := self._fingerprint(trainer)) is not None:
-            checkpoint["data_fingerprint"] = data
+        if self.config is not None:
+            checkpoint["config"] = self.config
+        checkpoint["provenance"] = {**(self.provenance or {}), "data": self._fingerprint(trainer)}
         loggers = [logger for logger in trainer.loggers if isinstance(logger, KeepsRecord)]
         if loggers:
             to_come = epoch_end_row(trainer)  # on every rank: its values may be reduced
@@ -101,7 +110,7 @@ class ResumeExactly(Callback):
         fit_loop = checkpoint.get("loops", {}).get("fit_loop", {})
         self._loader_states = fit_loop.get("state_dict", {}).pop("combined_loader", [])
         if trainer.state.fn == TrainerFn.FITTING:  # not a test of the best checkpoint
-            self._check_same_data(trainer, checkpoint.get("data_fingerprint"))
+            self._check_same_data(trainer, checkpoint.get("provenance", {}).get("data"))
             for logger in trainer.loggers:
                 if isinstance(logger, KeepsRecord):
                     logger.continue_after(checkpoint["epoch"], checkpoint["global_step"])
