@@ -44,3 +44,9 @@ def test_a_readme_command_runs_as_written(command: str, tmp_path: Path) -> None:
     several = any(a.startswith(("trainer.devices=", "trainer=ddp")) for a in args)
     result = (train_py if several else train_py_here)(*args, cwd=tmp_path)
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+
+
+def test_the_manuals_home_page_links_every_page() -> None:
+    pages = {p.name for p in (ROOT / "docs").glob("*.md")} - {"index.md"}
+    linked = set(re.findall(r"\]\(([\w.]+\.md)\)", (ROOT / "docs" / "index.md").read_text()))
+    assert pages <= linked, sorted(pages - linked)
