@@ -48,7 +48,10 @@ def test_a_killed_multirun_continues_without_repeating_its_completed_job(
 ) -> None:
     (tmp_path / "kill_job.py").write_text(KILL_JOB_1)
     sweep = tmp_path / "sweep"
-    launch = [] if launcher == "basic" else [f"hydra/launcher={launcher}"]
+    # One joblib worker at a time: jobs 0 and 1 in parallel would both be cut off by the kill.
+    launch = (
+        [] if launcher == "basic" else [f"hydra/launcher={launcher}", "hydra.launcher.n_jobs=1"]
+    )
     command = ["-m", "seed=0,1,2", *JOB, *launch, f"hydra.sweep.dir={sweep}"]
     # joblib's pool of workers cannot be forked from this process: a new interpreter.
     train_py = functools.partial(train_py_, new_interpreter=launcher == "joblib")

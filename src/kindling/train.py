@@ -38,7 +38,7 @@ from kindling.errors import UserError, find_user_error, message
 from kindling.files import is_url
 from kindling.hardware import best_precision
 from kindling.known_warnings import ignore_unhelpful_warnings
-from kindling.run import failures, job_record, provenance, run_folder
+from kindling.run import LAST_CHECKPOINT, failures, job_record, provenance, run_folder
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ def run(cfg: DictConfig) -> float | None:
         return job_record.kept(cfg.paths.output_dir, cfg.get("optimized_metric"))
     if earlier == "resume":
         with open_dict(cfg):
-            cfg.ckpt_path = str(Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt")
+            cfg.ckpt_path = str(Path(cfg.paths.output_dir) / LAST_CHECKPOINT)
     previous_handler = _exit_on_sigterm()
     try:
         run_folder.refuse_used(cfg.paths.output_dir)  # before job.yaml replaces the earlier one

@@ -14,6 +14,8 @@ from typing import Any, Literal
 
 import yaml
 
+from kindling.run import LAST_CHECKPOINT
+
 JOB_FILE = "job.yaml"  # kindling.run.job_record writes it
 
 Earlier = Literal["completed", "resume", "restart"]
@@ -28,7 +30,7 @@ def earlier_job(folder: str | Path, overrides: list[str]) -> Earlier | None:
         return None
     if (_read(folder / JOB_FILE) or {}).get("status") == "completed":
         return "completed"
-    return "resume" if (folder / "checkpoints" / "last.ckpt").is_file() else "restart"
+    return "resume" if (folder / LAST_CHECKPOINT).is_file() else "restart"
 
 
 def _read(path: Path) -> Any:

@@ -14,6 +14,7 @@ from pathlib import Path
 import lightning as L
 
 from kindling.errors import UserError
+from kindling.run import LAST_CHECKPOINT
 
 # What the collectives of a process whose peer died raise (gloo's transport on the CPU, NCCL's
 # and the TCP store's on GPUs).
@@ -58,7 +59,7 @@ def explain(error: BaseException, trainer: L.Trainer, run_dir: str) -> PartFaile
 def resume_line(run_dir: str, first: str = "") -> str:
     """` The newest intact checkpoint: ... Resume with: python train.py ckpt_path=...`, where the
     run has one (checkpoints are written whole: one that exists is intact)."""
-    last = Path(run_dir) / "checkpoints" / "last.ckpt"
+    last = Path(run_dir) / LAST_CHECKPOINT
     if not last.is_file():
         return f" {first}." if first else " No checkpoint was written: start it again."
     then = f"{first}, then resume" if first else "Resume"

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from kindling.errors import UserError
+from kindling.run import LAST_CHECKPOINT
 
 try:
     import fcntl
@@ -178,7 +179,7 @@ def refuse_used(output_dir: str | Path) -> None:
     metrics, record); the folder is left as it was, but for this attempt's lines in train.log."""
     if record_dir(output_dir).name.startswith("refused_"):
         forget_refused(output_dir)
-        last = Path(output_dir) / "checkpoints" / "last.ckpt"
+        last = Path(output_dir) / LAST_CHECKPOINT
         resume = f" Resume it: python train.py ckpt_path={last}." if last.is_file() else ""
         raise UserError(
             f"{output_dir} holds an earlier run, which a new run there would overwrite.{resume} "

@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from kindling.checkpoints import read_checkpoint, without_compile_prefix
 from kindling.errors import UserError
 from kindling.files import is_url
+from kindling.run import LAST_CHECKPOINT
 from kindling.run.provenance import LENGTH, key, run_overrides
 
 
@@ -72,11 +73,11 @@ def resolve_checkpoint(
     if ckpt_path != "last":
         return ckpt_path if ckpt_path is None or is_url(ckpt_path) else Path(ckpt_path)
     candidates = sorted(
-        Path(runs_dir).glob("*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime
+        Path(runs_dir).glob(f"*/{LAST_CHECKPOINT}"), key=lambda p: p.stat().st_mtime
     )
     if not candidates:
         raise UserError(
-            f"ckpt_path=last: no run under {runs_dir} has a checkpoints/last.ckpt. "
+            f"ckpt_path=last: no run under {runs_dir} has a {LAST_CHECKPOINT}. "
             "Give the checkpoint file with ckpt_path=<path>."
         )
     if overrides is None:
@@ -91,7 +92,7 @@ def resolve_checkpoint(
     given = " ".join(run_overrides(overrides)) or "none"
     raise UserError(
         f"ckpt_path=last: no run under {runs_dir} has this command's overrides ({given}). "
-        f"Runs, newest first: {shown}. Resume one with ckpt_path=<run>/checkpoints/last.ckpt "
+        f"Runs, newest first: {shown}. Resume one with ckpt_path=<run>/{LAST_CHECKPOINT} "
         "(its overrides come with it)."
     )
 
