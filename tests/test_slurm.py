@@ -170,18 +170,13 @@ def epochs_and_last_val_loss(run_dir: Path) -> tuple[list[str], list[str], float
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "stop",
-    [["scancel", "--signal=USR1"], ["scontrol", "requeue"]],
-    ids=["warned", "requeued"],
-)
 def test_a_job_stopped_by_slurm_requeues_and_ends_as_an_uninterrupted_run(
-    slurm_cluster: Cluster, compose_config, tmp_path: Path, stop: list[str]
+    slurm_cluster: Cluster, compose_config, tmp_path: Path
 ) -> None:
-    """In the middle of a step of each epoch, SIGUSR1 (what SLURM sends before a time limit: the
-    job requeues itself) or `scontrol requeue` (SLURM sends SIGTERM and requeues the job): the
-    job checkpoints at the end of that step, twice, and each start of the job resumes where the
-    last stopped."""
+    """In the middle of a step of each epoch: first SIGUSR1 (what SLURM sends before a time
+    limit: the job requeues itself), then `scontrol requeue` (SLURM sends SIGTERM and requeues
+    the job). The job checkpoints at the end of each of those steps, and each start of the job
+    resumes where the last stopped."""
     exact = ["trainer.deterministic=true", "test=false", *SMALL]
     (tmp_path / "modules").mkdir()
     (tmp_path / "modules" / "slurm_signal.py").write_text(textwrap.dedent(WAIT_FOR_SIGNAL))
@@ -193,7 +188,8 @@ def test_a_job_stopped_by_slurm_requeues_and_ends_as_an_uninterrupted_run(
         kindling.train.run(compose_config(*exact))  # the same run, uninterrupted, meanwhile
     finally:
         torch.set_num_threads(threads)
-    for step in (3, 7):
+    stops = {3: ["scancel", "--signal=USR1"], 7: ["scontrol", "requeue"]}
+    for step, stop in stops.items():
         deadline = time.monotonic() + 120
         while not (at_step := list(tmp_path.glob(f"logs/debug/multiruns/*/0/at_step_{step}"))):
             assert job.poll() is None and time.monotonic() < deadline, job.communicate()

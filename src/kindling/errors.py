@@ -1,5 +1,7 @@
 """Errors caused by input a user can fix: printed as one short message, without a traceback. Every
-layer raises them, so this module imports nothing."""
+layer raises them, so this module imports no other of kindling's."""
+
+from collections.abc import Iterator
 
 
 class UserError(Exception):
@@ -10,11 +12,18 @@ class UserError(Exception):
     raised_on_every_rank = True
 
 
+def chain(error: BaseException | None) -> Iterator[BaseException]:
+    """`error`, then each error behind it (its cause, else the one it was raised during)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        yield error
+        error = error.__cause__ or error.__context__
+
+
 def find_user_error(error: BaseException) -> UserError | None:
     """The UserError behind `error`, also when Hydra's instantiate wrapped it in its own."""
-    while error is not None and not isinstance(error, UserError):
-        error = error.__cause__ or error.__context__
-    return error
+    return next((e for e in chain(error) if isinstance(e, UserError)), None)
 
 
 def message(error: UserError) -> str:

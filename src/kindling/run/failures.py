@@ -8,11 +8,11 @@ import errno
 import shlex
 import shutil
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import lightning as L
 
+from kindling import errors
 from kindling.errors import UserError
 from kindling.run import LAST_CHECKPOINT
 
@@ -37,7 +37,7 @@ class PartFailed(UserError):
 def explain(error: BaseException, trainer: L.Trainer, run_dir: str) -> PartFailed | None:
     """The one line for `error` where a full disk or a lost process caused it; None otherwise.
     Called before the ranks this process started are stopped: their state tells which died."""
-    chain = list(_chain(error))
+    chain = list(errors.chain(error))
     full = next((e for e in chain if isinstance(e, OSError) and e.errno == errno.ENOSPC), None)
     if full is not None:
         place = Path(full.filename).parent if full.filename else Path(run_dir)
@@ -86,14 +86,6 @@ def keep_in_log(error: PartFailed, run_dir: str) -> None:
     that died): its line is added there."""
     with contextlib.suppress(OSError), open(Path(run_dir) / "train.log", "a") as log:
         log.write(f"[rank {error.rank}] {error}\n")  # a full disk takes no line: suppressed
-
-
-def _chain(error: BaseException | None) -> Iterator[BaseException]:
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        yield error
-        error = error.__cause__ or error.__context__
 
 
 def _megabytes(size: int) -> str:
