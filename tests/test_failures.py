@@ -79,6 +79,8 @@ KILLED_AFTER_FIRST_CHECKPOINT = [
 
 RANK_PIDS = """
 import os
+import signal
+import time
 from pathlib import Path
 
 import lightning as L
@@ -87,41 +89,63 @@ import lightning as L
 class RankPids(L.Callback):
     def setup(self, trainer, module, stage):
         Path(f"rank{trainer.global_rank}.pid").write_text(str(os.getpid()))  # in its folder
+
+
+class RankOneDiesInRankZerosLongStep(L.Callback):
+    \"\"\"Once: rank 1 ends at step 12 while rank 0 spends 12 s there, out of any collective.\"\"\"
+
+    def on_train_batch_end(self, trainer, *args):
+        mark = Path(f"step_12_of_rank_{trainer.global_rank}")
+        if trainer.global_step != 12 or mark.exists():  # the resumed run goes on
+            return
+        mark.write_text("")
+        if trainer.global_rank == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(12)
 """
+
+# Where the launching process learns of the lost rank: at its next collective (killed from
+# outside), or from Lightning's watchdog over the ranks it started (a long step), which kills it.
+CASES = {
+    "rank 1": ("Rank 1 of this 2-process run ended (killed by SIGKILL): rank 0 stopped", 1),
+    "rank 0": ("Another rank of this 2-process run ended (its connection closed): rank 1 "
+               "stopped", -9),  # the process the test started is rank 0
+    "rank 1 in rank 0's long step": (
+        "Rank 1 of this 2-process run ended (killed by SIGKILL): rank 0 stopped", -9),
+}  # fmt: skip
 
 
 @pytest.mark.slow
 def test_a_rank_that_dies_ends_the_other_with_one_line_and_the_resume_line(tmp_path: Path) -> None:
-    """Rank 1 killed in one run, rank 0 (the launching process) in another, side by side."""
     (tmp_path / "rank_pids.py").write_text(RANK_PIDS)
     runs = {}
-    for killed in (1, 0):
-        folder = tmp_path / f"killed_{killed}"
+    for number, case in enumerate(CASES):
+        folder = tmp_path / f"case_{number}"
         folder.mkdir()
         args = [*KILLED_AFTER_FIRST_CHECKPOINT, "hydra.run.dir=run"]
-        runs[killed] = folder, args, start_train_py(*args, cwd=folder, module_dir=tmp_path)
-    for killed, (folder, _, process) in runs.items():
+        if case == "rank 1 in rank 0's long step":
+            args.append("+callbacks.dies._target_=rank_pids.RankOneDiesInRankZerosLongStep")
+        runs[case] = folder, args, start_train_py(*args, cwd=folder, module_dir=tmp_path)
+    for case, (folder, _, process) in runs.items():
+        if case in ("rank 1", "rank 0"):
+            last = folder / "run" / "checkpoints" / "last.ckpt"
+            deadline = time.monotonic() + 120
+            while not (last.is_file() and (folder / "rank1.pid").is_file()):
+                assert process.poll() is None and time.monotonic() < deadline, process.stdout
+                time.sleep(0.1)
+            os.kill(int((folder / f"{case.replace(' ', '')}.pid").read_text()), signal.SIGKILL)
+    for case, (folder, args, process) in runs.items():
+        output = process.communicate(timeout=90)[0]
+        said, exit_code = CASES[case]
+        assert process.returncode == exit_code, (case, output[-3000:])
         last = folder / "run" / "checkpoints" / "last.ckpt"
-        deadline = time.monotonic() + 120
-        while not (last.is_file() and (folder / "rank1.pid").is_file()):
-            assert process.poll() is None and time.monotonic() < deadline, process.stdout
-            time.sleep(0.1)
-        os.kill(int((folder / f"rank{killed}.pid").read_text()), signal.SIGKILL)
-    for killed, (folder, args, process) in runs.items():
-        killed_at = time.monotonic()
-        output = process.communicate(timeout=60)[0]
-        assert time.monotonic() - killed_at < 60, output[-3000:]
-        last = folder / "run" / "checkpoints" / "last.ckpt"
-        who = "Rank 1 of this 2-process run ended (killed by SIGKILL)" if killed == 1 else (
-            "Another rank of this 2-process run ended (its connection closed)")  # fmt: skip
-        lines = [line for line in output.splitlines() if who in line]
-        assert len(lines) == 1, (killed, output[-3000:])
-        assert f"Resume with: python train.py ckpt_path={last}" in lines[0], lines[0]
-        assert f"rank {1 - killed} stopped with it" in lines[0]
+        lines = [line for line in output.splitlines() if said in line]
+        assert len(lines) == 1, (case, output[-3000:])
+        assert lines[0].endswith(f"Resume with: python train.py ckpt_path={last}"), lines[0]
         assert "Traceback" not in output, output[-3000:]
-        assert who in (folder / "run" / "train.log").read_text()
+        assert said in (folder / "run" / "train.log").read_text(), case
 
         resumed = train_py(*args, f"ckpt_path={last}", cwd=folder, module_dir=tmp_path)
         assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-3000:]
         epochs = [int(r["epoch"]) for r in read_metrics(folder / "run") if r.get("val/loss")]
-        assert epochs == list(range(EPOCHS_OF_A_KILLED_RUN)), (killed, epochs)
+        assert epochs == list(range(EPOCHS_OF_A_KILLED_RUN)), (case, epochs)

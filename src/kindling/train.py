@@ -169,16 +169,18 @@ def train_and_test(cfg: DictConfig) -> float | None:
         trackers.start(cfg.get("logger"), trainer.loggers, hparams, run_provenance)
 
     try:
-        if cfg.get("train"):
-            trainer.fit(model=model, datamodule=datamodule, ckpt_path=checkpoint)
-            if trainer.received_sigterm:  # agreed in the last step: training ended all the same
-                _stopped_as_training_ended(trainer)
-        metrics = dict(trainer.callback_metrics)
-        tested = None
-        if cfg.get("test"):
-            tested = _tested_checkpoint(trainer) if cfg.get("train") else checkpoint
-            trainer.test(model=model, datamodule=datamodule, ckpt_path=tested)
-            metrics.update(trainer.callback_metrics)
+        # A rank that ends is said in one line, however the run learns of it (run/failures.py).
+        with failures.said_when_lightning_ends_the_run(trainer, cfg.paths.output_dir):
+            if cfg.get("train"):
+                trainer.fit(model=model, datamodule=datamodule, ckpt_path=checkpoint)
+                if trainer.received_sigterm:  # agreed in the last step: training ended all the same
+                    _stopped_as_training_ended(trainer)
+            metrics = dict(trainer.callback_metrics)
+            tested = None
+            if cfg.get("test"):
+                tested = _tested_checkpoint(trainer) if cfg.get("train") else checkpoint
+                trainer.test(model=model, datamodule=datamodule, ckpt_path=tested)
+                metrics.update(trainer.callback_metrics)
     except Exception as error:
         # A full disk or a rank that died: one line and the resume command (run/failures.py).
         explained = failures.explain(error, trainer, cfg.paths.output_dir)

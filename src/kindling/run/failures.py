@@ -5,9 +5,11 @@ traceback, which HYDRA_FULL_ERROR=1 still shows."""
 
 import contextlib
 import errno
+import logging
 import shlex
 import shutil
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import lightning as L
@@ -16,6 +18,8 @@ from kindling import errors
 from kindling.errors import UserError
 from kindling.run import LAST_CHECKPOINT
 
+# Where Lightning's watchdog over the ranks it started logs (its `_ChildProcessObserver`).
+WATCHDOG_LOGGER = "lightning.fabric.strategies.launchers.subprocess_script"
 # What the collectives of a process whose peer died raise (gloo's transport on the CPU, NCCL's
 # and the TCP store's on GPUs).
 PEER_LOST = (
@@ -48,12 +52,34 @@ def explain(error: BaseException, trainer: L.Trainer, run_dir: str) -> PartFaile
         how_on = resume_line(run_dir, "Make room or move the run folder")
         return PartFailed(f"{what}{how_on}", trainer.global_rank)
     if trainer.world_size > 1 and any(p in str(e) for e in chain for p in PEER_LOST):
-        return PartFailed(
-            f"{_who_ended(trainer)}: rank {trainer.global_rank} stopped with it."
-            f"{resume_line(run_dir)}",
-            trainer.global_rank,
-        )
+        return PartFailed(_rank_lost(trainer, run_dir), trainer.global_rank)
     return None
+
+
+@contextlib.contextmanager
+def said_when_lightning_ends_the_run(trainer: L.Trainer, run_dir: str) -> Iterator[None]:
+    """Lightning's watchdog over the ranks it started checks them every 5 s and, finding one
+    ended, logs it and kills this process at once: where that comes before this process meets
+    the lost rank in a collective (a long step), its record becomes kindling's line."""
+    watchdog = logging.getLogger(WATCHDOG_LOGGER)
+
+    def say(record: logging.LogRecord) -> bool:
+        if "terminated with code" in record.getMessage():
+            record.msg, record.args = _rank_lost(trainer, run_dir), ()
+            record.levelno, record.levelname = logging.ERROR, "ERROR"
+        return True
+
+    watchdog.addFilter(say)
+    try:
+        yield
+    finally:
+        watchdog.removeFilter(say)
+
+
+def _rank_lost(trainer: L.Trainer, run_dir: str) -> str:
+    return (
+        f"{_who_ended(trainer)}: rank {trainer.global_rank} stopped with it.{resume_line(run_dir)}"
+    )
 
 
 def resume_line(run_dir: str, first: str = "") -> str:
