@@ -125,8 +125,7 @@ def test_the_ranks_of_two_nodes_name_one_run_and_sweep_folder(tmp_path: Path, mo
     """Each rank names the folders from the run id all nodes share; none writes for the others."""
 
     def named_by(rank: int) -> tuple[Path, str]:
-        run_folder.run_folder.cache_clear()  # each rank is a process of its own
-        run_folder.sweep_folder.cache_clear()
+        run_folder._new_folder.cache_clear()  # each rank is a process of its own
         torchrun_env(monkeypatch, nodes=2, per_node=1, rank=rank)
         return run_folder.run_folder(str(tmp_path), "train"), run_folder.sweep_folder(
             str(tmp_path), "train"
@@ -137,8 +136,7 @@ def test_the_ranks_of_two_nodes_name_one_run_and_sweep_folder(tmp_path: Path, mo
     assert runs == tmp_path / "train" / "runs" / "torchrun-4242"
     assert sweep == str(tmp_path / "train" / "multiruns" / "torchrun-4242")
     assert not any(tmp_path.iterdir())
-    run_folder.run_folder.cache_clear()
-    run_folder.sweep_folder.cache_clear()
+    run_folder._new_folder.cache_clear()
 
 
 @pytest.mark.slow

@@ -42,8 +42,7 @@ def new_process(monkeypatch) -> None:
     """A process just started: the launcher's variables alone, and no folder named yet."""
     for name in LAUNCHER_VARIABLES:
         monkeypatch.delenv(name, raising=False)
-    run_folder.run_folder.cache_clear()
-    run_folder.sweep_folder.cache_clear()
+    run_folder._new_folder.cache_clear()
 
 
 @pytest.fixture(autouse=True)
@@ -332,3 +331,21 @@ def test_a_new_run_in_an_earlier_runs_folder_is_refused_and_leaves_it_as_it_was(
     assert f"{run_dir} holds an earlier run" in output and resume in output, output[-3000:]
     assert "Traceback" not in output
     assert folder_contents(run_dir, but=changed) == before
+
+
+def test_a_process_that_runs_again_in_another_folder_names_a_new_folder(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """`logs` is relative: a process that runs a second multirun (or run) in another working
+    folder gets new folders there, not the first's name again; resolved again in one folder,
+    the same (the config is resolved many times)."""
+    new_process(monkeypatch)
+    named = []
+    for folder in ("first", "second", "second"):
+        (tmp_path / folder).mkdir(exist_ok=True)
+        monkeypatch.chdir(tmp_path / folder)
+        named.append(
+            (run_folder.sweep_folder("logs", "debug"), run_folder.run_folder("logs", "train"))
+        )
+    assert named[0][0] != named[1][0] and named[0][1] != named[1][1]
+    assert named[1] == named[2]

@@ -52,19 +52,20 @@ def run_stamp() -> str:
     return f"{datetime.now():%Y-%m-%d_%H-%M-%S}_{secrets.token_hex(4)}"
 
 
-@functools.cache  # one folder per process, however often the config is resolved
 def run_folder(log_dir: str, task_name: str) -> Path:
     """The folder of a new run, `<log_dir>/<task_name>/runs/<name>`, the same in all its ranks."""
-    return _new_folder(Path(log_dir) / task_name / "runs")
+    return _new_folder(os.getcwd(), Path(log_dir) / task_name / "runs")
 
 
-@functools.cache
 def sweep_folder(log_dir: str, task_name: str) -> str:
     """The folder of a new multirun, `<log_dir>/<task_name>/multiruns/<name>`."""
-    return str(_new_folder(Path(log_dir) / task_name / "multiruns"))
+    return str(_new_folder(os.getcwd(), Path(log_dir) / task_name / "multiruns"))
 
 
-def _new_folder(parent: Path) -> Path:
+# One folder per process however often the config is resolved; per working folder too, as
+# `log_dir` is relative (`logs`): a process that runs again elsewhere gets a folder there.
+@functools.cache
+def _new_folder(cwd: str, parent: Path) -> Path:
     """By hand: a new stamp. SLURM: `<parent>/slurm-...` (`slurm.job_folder`). torchrun:
     `<parent>/torchrun-...`."""
     if not launched():
