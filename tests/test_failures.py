@@ -92,7 +92,7 @@ class RankPids(L.Callback):
 
 
 class RankOneDiesInRankZerosLongStep(L.Callback):
-    \"\"\"Once: rank 1 ends at step 12 while rank 0 spends 12 s there, out of any collective.\"\"\"
+    \"\"\"Once: rank 1 ends at step 12 while rank 0 spends 8 s there, out of any collective.\"\"\"
 
     def on_train_batch_end(self, trainer, *args):
         mark = Path(f"step_12_of_rank_{trainer.global_rank}")
@@ -101,7 +101,7 @@ class RankOneDiesInRankZerosLongStep(L.Callback):
         mark.write_text("")
         if trainer.global_rank == 1:
             os.kill(os.getpid(), signal.SIGKILL)
-        time.sleep(12)
+        time.sleep(8)  # Lightning's watchdog looks every 5 s
 """
 
 # Where the launching process learns of the lost rank: at its next collective (killed from
@@ -134,7 +134,7 @@ def test_a_rank_that_dies_ends_the_other_with_one_line_and_the_resume_line(tmp_p
                 assert process.poll() is None and time.monotonic() < deadline, process.stdout
                 time.sleep(0.1)
             os.kill(int((folder / f"{case.replace(' ', '')}.pid").read_text()), signal.SIGKILL)
-    for case, (folder, args, process) in runs.items():
+    for case, (folder, _, process) in runs.items():
         output = process.communicate(timeout=90)[0]
         said, exit_code = CASES[case]
         assert process.returncode == exit_code, (case, output[-3000:])
@@ -145,7 +145,11 @@ def test_a_rank_that_dies_ends_the_other_with_one_line_and_the_resume_line(tmp_p
         assert "Traceback" not in output, output[-3000:]
         assert said in (folder / "run" / "train.log").read_text(), case
 
-        resumed = train_py(*args, f"ckpt_path={last}", cwd=folder, module_dir=tmp_path)
-        assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-3000:]
-        epochs = [int(r["epoch"]) for r in read_metrics(folder / "run") if r.get("val/loss")]
-        assert epochs == list(range(EPOCHS_OF_A_KILLED_RUN)), (case, epochs)
+    # The resume line works: the run whose launching process died, resumed, has every epoch once
+    # (the other cases leave the same checkpoint, written whole, and resume the same way).
+    folder, args, _ = runs["rank 0"]
+    last = folder / "run" / "checkpoints" / "last.ckpt"
+    resumed = train_py(*args, f"ckpt_path={last}", cwd=folder, module_dir=tmp_path)
+    assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-3000:]
+    epochs = [int(r["epoch"]) for r in read_metrics(folder / "run") if r.get("val/loss")]
+    assert epochs == list(range(EPOCHS_OF_A_KILLED_RUN)), epochs
