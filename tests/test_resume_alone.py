@@ -25,6 +25,7 @@ from helpers import (
     made_once,
     make_folder,
     pattern_rows,
+    read_metrics,
     train_py_here,
     write_image,
     write_table,
@@ -263,3 +264,21 @@ def test_a_resume_after_an_image_was_replaced_is_refused(
     (line,) = error_lines(caplog)
     assert line.startswith(f"{last} was trained on other data: its "), line
     assert "holds other samples (as many, " in line, line
+
+
+def test_a_new_run_from_a_checkpoints_weights_starts_where_that_run_ended(
+    trained_run, compose_config, caplog, tmp_path: Path
+) -> None:
+    """`weights_from=`: the way on where a resume is refused (other data): a new run, epoch 0,
+    with the trained weights. One training batch from scratch is far from 0.9 on the digits."""
+    weights = f"weights_from={trained_run.last_checkpoint}"
+    kindling.train.run(compose_config("trainer.max_epochs=1", "trainer.limit_train_batches=1",
+                                      "test=false", weights, *QUIET))  # fmt: skip
+    rows = [row for row in read_metrics(tmp_path / "run") if row.get("val/acc")]
+    assert [int(row["epoch"]) for row in rows] == [0]
+    assert float(rows[0]["val/acc"]) >= 0.9, rows
+    caplog.clear()
+    with pytest.raises(SystemExit):  # one or the other: a resume has its own weights
+        kindling.train.run(compose_config(weights, f"ckpt_path={trained_run.last_checkpoint}"))
+    (line,) = error_lines(caplog)
+    assert line.startswith("weights_from starts a new training run"), line

@@ -152,6 +152,10 @@ def train_and_test(cfg: DictConfig) -> float | None:
             from kindling.run.starting_checkpoint import check_weights_fit
 
             check_weights_fit(checkpoint, model)
+        if cfg.get("weights_from") is not None:
+            from kindling.run.starting_checkpoint import start_from_weights
+
+            start_from_weights(cfg.weights_from, model)
     except UserError:
         run_folder.forget_refused(cfg.paths.output_dir)
         raise
@@ -278,6 +282,11 @@ def _check(cfg: DictConfig) -> str | None:
     checks.check_tracking_uri(cfg.get("logger"))
     if "batch_size" in cfg.data:
         per_device_batch_size(cfg.data.batch_size, checks.requested_world_size(cfg.trainer))
+    if cfg.get("weights_from") is not None and (cfg.get("ckpt_path") or not cfg.get("train")):
+        raise UserError(
+            "weights_from starts a new training run from a checkpoint's weights; ckpt_path "
+            "resumes (or, with train=false, tests) one. Give one of them."
+        )
     if cfg.get("ckpt_path") is not None:
         from kindling.run.starting_checkpoint import checked_checkpoint
 

@@ -127,8 +127,9 @@ class ResumeExactly(Callback):
             raise UserError(
                 f"{trainer.ckpt_path} was trained on other data: {'; '.join(said)}. Resuming "
                 "would carve the splits afresh (samples of one could be another's, test samples "
-                "trained on). Train a new run on this data (without ckpt_path=), or resume "
-                "with the data it was trained on."
+                "trained on). Train a new run on this data, from its weights if you like "
+                f"(weights_from={trainer.ckpt_path} instead of ckpt_path=), or resume with the "
+                "data it was trained on."
             )
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

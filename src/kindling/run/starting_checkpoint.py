@@ -155,6 +155,20 @@ def check_weights_fit(path: Path | str, model: torch.nn.Module) -> None:
     )
 
 
+def start_from_weights(path: str, model: torch.nn.Module) -> None:
+    """`weights_from=<checkpoint>`: the built model takes the checkpoint's weights, every one of
+    them, and nothing else of it (a new run: its own optimizer, schedule and epochs)."""
+    check_weights_fit(path, model)
+    weights = without_compile_prefix(read_checkpoint(path)["state_dict"])
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    if missing or unexpected:
+        names = ", ".join([*missing, *unexpected][:4])
+        raise UserError(
+            f"weights_from={path} does not fit this config's model: weights {names} are in only "
+            "one of them. Give the overrides of the run that wrote it, or another checkpoint."
+        )
+
+
 def check_training_left(checkpoint: dict[str, Any], path: Path | str, trainer: DictConfig) -> None:
     """Resuming a checkpoint whose training has ended would fit nothing, then test again."""
     epochs = checkpoint["loops"]["fit_loop"]["epoch_progress"]["current"]["processed"]
