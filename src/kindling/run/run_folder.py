@@ -148,7 +148,9 @@ def hydra_subdir(stamp: str, *, _root_: Any) -> str | None:
     """Where Hydra writes the config: `.hydra`, or `.hydra/resumed_<stamp>` (this process's alone)
     when resuming in an existing folder, so the first run's config is never overwritten. A new
     run in a folder an earlier one trained in (`hydra.run.dir=`) writes `.hydra/refused_<stamp>`,
-    which `refuse_used` turns into a refusal before anything else is written."""
+    which `refuse_used` turns into a refusal before anything else is written; a continued
+    multirun's job (`continuation.py`) writes nothing where it completed before, and
+    `.hydra/resumed_<stamp>` where it resumes."""
     folder = _resume_folder(_root_)
     if folder is not None:
         return _records.setdefault(folder, f".hydra/resumed_{stamp}")
