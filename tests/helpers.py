@@ -85,6 +85,14 @@ PYTHON: list[str] = [sys.executable]
 # Processes
 
 
+def running(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, ended and waiting to be reaped, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
 def error_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
     """The lines logged at ERROR or above: a refusal is exactly one."""
     return [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]

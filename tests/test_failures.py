@@ -15,7 +15,7 @@ import torch
 import kindling.checkpoints
 from kindling.train import run
 
-from helpers import QUIET, error_lines, read_metrics, start_train_py, train_py
+from helpers import QUIET, error_lines, read_metrics, running, start_train_py, train_py
 
 EPOCHS = ["trainer.max_epochs=4", "debug=limit", "test=false", *QUIET]
 
@@ -135,6 +135,11 @@ def test_a_rank_that_dies_ends_the_other_with_one_line_and_the_resume_line(tmp_p
                 time.sleep(0.1)
             os.kill(int((folder / f"{case.replace(' ', '')}.pid").read_text()), signal.SIGKILL)
     for case, (folder, _, process) in runs.items():
+        for pid in [int(f.read_text()) for f in folder.glob("rank*.pid")]:  # rank 1 may outlive
+            deadline = time.monotonic() + 90  # the process the test started: its line comes last
+            while running(pid):
+                assert time.monotonic() < deadline, f"{case}: pid {pid} still runs"
+                time.sleep(0.1)
         output = process.communicate(timeout=90)[0]
         said, exit_code = CASES[case]
         assert process.returncode == exit_code, (case, output[-3000:])

@@ -16,7 +16,7 @@ import kindling.train
 from kindling.callbacks.interrupt import CheckpointOnInterrupt
 
 from forked import Forked
-from helpers import QUIET, ROOT, importable, start_train_py, train_py
+from helpers import QUIET, ROOT, importable, running, start_train_py, train_py
 
 TWO_CPUS = ["trainer.accelerator=cpu", "trainer.devices=2"]
 
@@ -426,14 +426,6 @@ STORM = {
     ),
     "every rank, from outside, at a random moment": (),
 }  # fmt: skip
-
-
-def running(pid: int) -> bool:
-    """Whether `pid` runs (a zombie, waiting to be reaped, does not)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return False
 
 
 @pytest.mark.slow
