@@ -77,11 +77,16 @@ def read_job(folder: Path) -> Job:
     return Job(folder, overrides, status, metrics, record.get("run_time_s"))
 
 
+def multirun_hydra(sweep_dir: Path) -> dict[str, Any]:
+    """The `hydra` node Hydra saved at the multirun's start (`multirun.yaml`); {} without it."""
+    return (read_yaml(sweep_dir / "multirun.yaml") or {}).get("hydra") or {}
+
+
 def planned_jobs(sweep_dir: Path) -> list[list[str]]:
     """Every job's overrides that a multirun of Hydra's basic sweeper runs, in its order (the
     order that numbers the jobs: the product of the swept values, as the sweeper takes it); none
     for other sweepers, whose trials are not known ahead."""
-    hydra = (read_yaml(sweep_dir / "multirun.yaml") or {}).get("hydra", {})
+    hydra = multirun_hydra(sweep_dir)
     if not str((hydra.get("sweeper") or {}).get("_target_", "")).endswith(".BasicSweeper"):
         return []
     params = [f"{k}={v}" for k, v in ((hydra.get("sweeper") or {}).get("params") or {}).items()]
@@ -98,7 +103,7 @@ def planned_jobs(sweep_dir: Path) -> list[list[str]]:
 
 def continue_command(sweep_dir: Path) -> str:
     """The command that runs a cut-off multirun's unfinished jobs (kindling.run.continuation)."""
-    overrides = ((read_yaml(sweep_dir / "multirun.yaml") or {}).get("hydra") or {}).get("overrides")
+    overrides = multirun_hydra(sweep_dir).get("overrides")
     if not overrides:  # no record of the command: the user's own
         return f"Continue it with its command and hydra.sweep.dir={sweep_dir}."
     # The command's own (hydra/launcher=joblib, ...), less what Hydra adds and the folder.

@@ -25,15 +25,16 @@ def earlier_job(folder: str | Path, overrides: list[str]) -> Earlier | None:
     """What the job with `overrides` finds in `folder`, its folder in a multirun: None where no
     job of these overrides ran there."""
     folder = Path(folder)
-    recorded = _read(folder / ".hydra" / "overrides.yaml")
+    recorded = read_record(folder / ".hydra" / "overrides.yaml")
     if recorded is None or list(recorded) != list(overrides):
         return None
-    if (_read(folder / JOB_FILE) or {}).get("status") == "completed":
+    if (read_record(folder / JOB_FILE) or {}).get("status") == "completed":
         return "completed"
     return "resume" if (folder / LAST_CHECKPOINT).is_file() else "restart"
 
 
-def _read(path: Path) -> Any:
+def read_record(path: Path) -> Any:
+    """A record file's YAML; None where it is missing or damaged."""
     try:
         return yaml.safe_load(path.read_text()) if path.is_file() else None
     except (yaml.YAMLError, UnicodeDecodeError):  # damaged: not a job to continue

@@ -11,13 +11,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import yaml
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from lightning_utilities.core.rank_zero import rank_zero_only  # Lightning's, without torch
 
 from kindling.files import write_yaml
-from kindling.run.continuation import JOB_FILE
+from kindling.run.continuation import JOB_FILE, read_record
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +36,7 @@ def kept(run_dir: str | Path, optimized_metric: str | None) -> float | None:
     """A continued multirun's job that completed before: said, and its result returned (what a
     sweeper optimises), its folder untouched."""
     print(f"{run_dir} completed before: kept as it is.", flush=True)
-    path = Path(run_dir) / RESULTS_FILE
-    results = yaml.safe_load(path.read_text()) if path.is_file() else {}
+    results = read_record(Path(run_dir) / RESULTS_FILE) or {}
     return results.get(optimized_metric) if optimized_metric else None
 
 
