@@ -18,7 +18,10 @@ from kindling import errors
 from kindling.errors import UserError
 from kindling.run import LAST_CHECKPOINT
 
-# Where Lightning's watchdog over the ranks it started logs (its `_ChildProcessObserver`).
+# Where Lightning's watchdog over the ranks it started logs (its private `_ChildProcessObserver`,
+# https://github.com/Lightning-AI/pytorch-lightning/pull/18218): its logger's name and notice are
+# what kindling reads, no private attribute; the long-step case of tests/test_failures.py fails
+# if either changes.
 WATCHDOG_LOGGER = "lightning.fabric.strategies.launchers.subprocess_script"
 # What the collectives of a process whose peer died raise (gloo's transport on the CPU, NCCL's
 # and the TCP store's on GPUs).
